@@ -1,0 +1,118 @@
+"""The runtime's chat template.
+
+Every message renders on its own: ``<|role|>`` header, body text, ``<|end|>``.
+Messages never share a token, so a history's tokens are the concatenation of
+per-message tokens and the segment table (message -> token range) is exact.
+
+Tool-call text format (what the model writes after ``<|assistant|>``)::
+
+    optional text<|tool_call|>{"name": "calculator", "arguments": {"expression": "2+3"}}<|end_tool_call|><|end|>
+
+Tool results render as ``<|tool|>`` + content + ``<|end|>``. Tool call ids are
+not rendered: results follow their calls in order.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass
+
+from leyline_sdk.protocol import FunctionCall, Message, ToolCall
+
+ROLE_TOKENS = {
+    "system": "<|system|>",
+    "user": "<|user|>",
+    "assistant": "<|assistant|>",
+    "tool": "<|tool|>",
+}
+END = "<|end|>"
+TOOL_CALL = "<|tool_call|>"
+END_TOOL_CALL = "<|end_tool_call|>"
+END_OF_TEXT = "<|endoftext|>"
+PAD = "<|pad|>"
+SPECIAL_TOKENS = [PAD, END_OF_TEXT, *ROLE_TOKENS.values(), END, TOOL_CALL, END_TOOL_CALL]
+
+_TOOL_CALL_RE = re.compile(re.escape(TOOL_CALL) + r"(.*?)" + re.escape(END_TOOL_CALL), re.S)
+
+
+def render_tool_call(call: ToolCall) -> str:
+    try:
+        arguments = json.loads(call.function.arguments or "{}")
+    except json.JSONDecodeError:
+        arguments = call.function.arguments  # rendered verbatim as a JSON string
+    payload = json.dumps({"name": call.function.name, "arguments": arguments}, ensure_ascii=False)
+    return f"{TOOL_CALL}{payload}{END_TOOL_CALL}"
+
+
+def render_body(message: Message) -> str:
+    """The text between the role header and the end marker."""
+    body = message.content
+    if message.role == "tool" and message.name:
+        body = f"[{message.name}] {body}"
+    for call in message.tool_calls or []:
+        body += render_tool_call(call)
+    return body
+
+
+def render_message(message: Message) -> str:
+    return f"{ROLE_TOKENS[message.role]}{render_body(message)}{END}"
+
+
+def render_tools(tools: list[dict]) -> str:
+    """System-prompt section that lists OpenAI-style function tools."""
+    lines = ["# Tools", "Call a tool with " + TOOL_CALL + '{"name": ..., "arguments": {...}}' + END_TOOL_CALL]
+    for tool in tools:
+        fn = tool.get("function", tool)
+        spec = {"name": fn.get("name"), "description": fn.get("description", ""),
+                "parameters": fn.get("parameters", {})}
+        lines.append(json.dumps(spec, ensure_ascii=False, sort_keys=True))
+    return "\n".join(lines)
+
+
+@dataclass
+class ParsedAssistant:
+    content: str
+    tool_calls: list[ToolCall]
+    malformed: list[str]
+
+
+def parse_assistant(text: str, call_id_prefix: str | None = None) -> ParsedAssistant:
+    """Split generated assistant text into content and tool calls.
+
+    A tool-call block that is not a JSON object with a string ``name`` is kept in
+    the content (and reported in ``malformed``) so nothing the model wrote is lost.
+    """
+    calls: list[ToolCall] = []
+    malformed: list[str] = []
+    content_parts: list[str] = []
+    cursor = 0
+    prefix = call_id_prefix or f"call_{uuid.uuid4().hex[:12]}"
+    for match in _TOOL_CALL_RE.finditer(text):
+        content_parts.append(text[cursor:match.start()])
+        cursor = match.end()
+        call = _parse_call(match.group(1), f"{prefix}_{len(calls)}")
+        if call is None:
+            malformed.append(match.group(1))
+            content_parts.append(match.group(0))
+        else:
+            calls.append(call)
+    tail = text[cursor:]
+    if TOOL_CALL in tail:  # an unterminated call (hit max_tokens or a stop)
+        malformed.append(tail[tail.index(TOOL_CALL) + len(TOOL_CALL):])
+    content_parts.append(tail)
+    return ParsedAssistant("".join(content_parts), calls, malformed)
+
+
+def _parse_call(payload: str, call_id: str) -> ToolCall | None:
+    try:
+        obj = json.loads(payload)
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
+        return None
+    arguments = obj.get("arguments", {})
+    if not isinstance(arguments, str):
+        arguments = json.dumps(arguments, ensure_ascii=False)
+    return ToolCall(id=call_id, function=FunctionCall(name=obj["name"], arguments=arguments))

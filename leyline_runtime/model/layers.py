@@ -1,0 +1,102 @@
+"""RMSNorm, SwiGLU MLP and DeepSeek MoE (V2 softmax routing, V3 sigmoid + bias)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import MLAConfig
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float = 1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+class MLP(nn.Module):
+    def __init__(self, hidden: int, intermediate: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.up_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Router(nn.Module):
+    """Top-k expert choice; returns (weights [N, k], expert ids [N, k])."""
+
+    def __init__(self, cfg: MLAConfig):
+        super().__init__()
+        self.cfg = cfg
+        n = cfg.n_routed_experts
+        self.weight = nn.Parameter(torch.zeros(n, cfg.hidden_size))
+        if cfg.scoring_func == "sigmoid":
+            self.register_buffer("e_score_correction_bias", torch.zeros(n))
+        else:
+            self.e_score_correction_bias = None
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        cfg = self.cfg
+        logits = F.linear(x.float(), self.weight.float())
+        if cfg.scoring_func == "sigmoid":
+            scores = logits.sigmoid()
+            choice = scores + self.e_score_correction_bias.float()
+            # V3: a group's score is the sum of its two best experts.
+            group_scores = self._grouped(choice).topk(min(2, choice.shape[-1] // cfg.n_group), dim=-1)[0].sum(-1)
+            choice = self._mask_groups(choice, group_scores, float("-inf"))
+            ids = choice.topk(cfg.num_experts_per_tok, dim=-1, sorted=False)[1]
+            weights = scores.gather(1, ids)
+        else:
+            scores = logits.softmax(dim=-1, dtype=torch.float32)
+            if cfg.topk_method == "group_limited_greedy":
+                group_scores = self._grouped(scores).max(dim=-1).values
+                scores = self._mask_groups(scores, group_scores, 0.0)
+            weights, ids = scores.topk(cfg.num_experts_per_tok, dim=-1, sorted=False)
+        if cfg.norm_topk_prob and cfg.num_experts_per_tok > 1:
+            weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+        return weights * cfg.routed_scaling_factor, ids
+
+    def _grouped(self, scores: torch.Tensor) -> torch.Tensor:
+        return scores.view(scores.shape[0], self.cfg.n_group, -1)
+
+    def _mask_groups(self, scores: torch.Tensor, group_scores: torch.Tensor, fill: float) -> torch.Tensor:
+        keep = group_scores.topk(self.cfg.topk_group, dim=-1, sorted=False)[1]
+        group_mask = torch.zeros_like(group_scores).scatter_(1, keep, 1.0)
+        mask = group_mask.unsqueeze(-1).expand_as(self._grouped(scores)).reshape_as(scores)
+        return scores.masked_fill(mask == 0, fill)
+
+
+class MoE(nn.Module):
+    def __init__(self, cfg: MLAConfig):
+        super().__init__()
+        self.gate = Router(cfg)
+        self.experts = nn.ModuleList(
+            MLP(cfg.hidden_size, cfg.moe_intermediate_size) for _ in range(cfg.n_routed_experts))
+        self.shared_experts = (
+            MLP(cfg.hidden_size, cfg.moe_intermediate_size * cfg.n_shared_experts)
+            if cfg.n_shared_experts else None)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        flat = x.reshape(-1, shape[-1])
+        weights, ids = self.gate(flat)
+        out = torch.zeros_like(flat)
+        for expert_id in ids.unique().tolist():
+            token_idx, slot = torch.where(ids == expert_id)
+            y = self.experts[expert_id](flat[token_idx]) * weights[token_idx, slot, None].to(flat.dtype)
+            out.index_add_(0, token_idx, y)
+        out = out.view(shape)
+        if self.shared_experts is not None:
+            out = out + self.shared_experts(x)
+        return out
