@@ -1,0 +1,87 @@
+"""Reference (and CPU) implementation of rotate-and-splice in plain torch.
+
+For every row ``i``: gather ``src_pool[src_rows[i]]``, rotate its rope slice
+(half-split pair layout: dim ``j`` pairs with ``j + rope_dim/2``) by the
+table row ``delta_index[i]`` in fp32, round to the pool dtype (RNE) and write
+the row to ``dst_pool[dst_rows[i]]``.  Columns outside the rope slice are
+copied bit for bit.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._checks import check_rotate_and_splice_args
+
+__all__ = ["rotate_and_splice_torch"]
+
+#: rows processed per chunk; bounds the temporaries to a few times
+#: ``CHUNK_ROWS * row_width`` elements.
+CHUNK_ROWS = 65536
+
+
+def _rotate_and_splice_torch_impl(
+    src_pool: torch.Tensor,
+    dst_pool: torch.Tensor,
+    src_rows: torch.Tensor,
+    dst_rows: torch.Tensor,
+    delta_index: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    rope_offset: int,
+    rope_dim: int,
+    chunk_rows: int = CHUNK_ROWS,
+) -> None:
+    n = src_rows.numel()
+    half = rope_dim // 2
+    lo, mid, hi = rope_offset, rope_offset + half, rope_offset + rope_dim
+    single = cos.shape[0] == 1
+    for a in range(0, n, chunk_rows):
+        b = min(n, a + chunk_rows)
+        rows = src_pool.index_select(0, src_rows[a:b])  # bitwise gather
+        x1 = rows[:, lo:mid].to(torch.float32)
+        x2 = rows[:, mid:hi].to(torch.float32)
+        if single:  # one distinct delta: broadcast instead of gathering
+            c, s = cos, sin
+        else:
+            k = delta_index[a:b]
+            c = cos.index_select(0, k)
+            s = sin.index_select(0, k)
+        # Each product is rounded to fp32 separately (no fused multiply-add),
+        # the same arithmetic the Triton kernel performs.
+        out1 = x1 * c
+        out1 -= x2 * s
+        out2 = x2 * c
+        out2 += x1 * s
+        # Both halves are computed before either is written back (for fp32
+        # x1/x2 are views of ``rows``).  copy_ rounds fp32 -> bf16/fp16 RNE.
+        rows[:, lo:mid] = out1
+        rows[:, mid:hi] = out2
+        dst_pool.index_copy_(0, dst_rows[a:b], rows)
+
+
+def rotate_and_splice_torch(
+    src_pool: torch.Tensor,
+    dst_pool: torch.Tensor,
+    src_rows: torch.Tensor,
+    dst_rows: torch.Tensor,
+    delta_index: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    rope_offset: int,
+    rope_dim: int,
+) -> None:
+    """Copy rows ``src_pool[src_rows]`` to ``dst_pool[dst_rows]``, rotating the
+    rope slice ``[rope_offset, rope_offset + rope_dim)`` of row ``i`` by the
+    angles of table row ``delta_index[i]`` (``cos``/``sin`` from
+    :func:`kernels.delta_rotation_table`).  ``src_pool`` and ``dst_pool`` may be
+    the same tensor; the source and destination row sets must be disjoint."""
+    src_rows, dst_rows, delta_index = check_rotate_and_splice_args(
+        src_pool, dst_pool, src_rows, dst_rows, delta_index, cos, sin, rope_offset, rope_dim
+    )
+    if src_rows.numel() == 0:
+        return
+    _rotate_and_splice_torch_impl(
+        src_pool, dst_pool, src_rows, dst_rows, delta_index,
+        cos.contiguous(), sin.contiguous(), rope_offset, rope_dim,
+    )

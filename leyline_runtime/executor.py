@@ -1,0 +1,303 @@
+"""The directive executor: plan a batch as a whole, then run it as one transaction.
+
+Planning turns the batch (which addresses the session as it was before it)
+into the new message list and one position map: every new position is either
+an old row moved by δ (copy ``c_kv``, rotate ``k_pe``) or a token to prefill.
+Execution writes every changed row into fresh blocks — one rotate-and-splice
+pass over all layers, then the prefills in position order — and commits by
+swapping the block table. Nothing of the session changes before the commit,
+so an error anywhere leaves it exactly as it was.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+import kernels
+from leyline_sdk.errors import InvalidSpan, OverlappingSpans
+from leyline_sdk.protocol import Directive, DirectiveOutcome, Message
+
+from . import chat_template as tpl
+from .engine import Engine
+from .kv_cache import BlockTable
+from .session import Session
+from .tokenizer import ChatTokenizer
+
+KEPT, PREFILL = 0, 1
+
+
+@dataclass
+class MessageEdit:
+    """A directive lifted to whole messages: old ``[start, end)`` -> ``messages``."""
+
+    index: int  # the directive's position in the batch
+    start: int
+    end: int
+    messages: list[Message]
+    tokens: list[list[int]]
+    mode: str
+
+
+@dataclass
+class TokenEdit:
+    edit: MessageEdit
+    old_start: int  # after common prefix/suffix minimisation
+    old_end: int
+    new_tokens: list[int]
+    applied_mode: str = "amortize"
+    fallback_reason: str | None = None
+
+    @property
+    def delta(self) -> int:
+        return len(self.new_tokens) - (self.old_end - self.old_start)
+
+
+@dataclass
+class Plan:
+    messages: list[Message]
+    message_tokens: list[list[int]]
+    tokens: list[int]
+    # per new position: (KEPT, old position) or (PREFILL, -1)
+    source: list[tuple[int, int]]
+    edits: list[TokenEdit]
+    first_change: int  # first new position whose row is not the old row at that position
+    outcomes: list[DirectiveOutcome] = field(default_factory=list)
+
+
+class DirectiveExecutor:
+    def __init__(self, engine: Engine, tokenizer: ChatTokenizer, kernel: Callable = kernels.rotate_and_splice,
+                 sink_tokens: int = 0):
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.kernel = kernel  # tests swap in a faulty kernel to check atomicity
+        self.sink_tokens = sink_tokens
+
+    # -- planning ------------------------------------------------------------------
+
+    def plan(self, session: Session, directives: list[Directive]) -> Plan:
+        edits = self._message_edits(session, directives)
+        token_edits = self._token_edits(session, edits)
+        self._choose_modes(token_edits)
+        return self._position_map(session, edits, token_edits)
+
+    def _message_edits(self, session: Session, directives: list[Directive]) -> list[MessageEdit]:
+        n = len(session.messages)
+        edits: list[MessageEdit] = []
+        token_directives: dict[int, list[tuple[int, Directive]]] = {}
+        for i, d in enumerate(directives):
+            if d.span.unit == "message":
+                if d.span.end > n:
+                    raise InvalidSpan(f"directive {i}: message span [{d.span.start}, {d.span.end}) "
+                                      f"exceeds the session's {n} messages")
+                msgs = list(d.replacement)
+                edits.append(MessageEdit(i, d.span.start, d.span.end, msgs,
+                                         self.tokenizer.encode_messages(msgs), d.mode))
+            else:
+                msg = self._message_of_token_span(session, i, d)
+                token_directives.setdefault(msg, []).append((i, d))
+        for msg, items in token_directives.items():
+            edits.append(self._content_edit(session, msg, items))
+        edits.sort(key=lambda e: (e.start, e.end))
+        for a, b in zip(edits, edits[1:]):
+            if b.start < a.end or (a.start == a.end == b.start == b.end):
+                raise OverlappingSpans(f"directives {a.index} and {b.index} overlap")
+        return edits
+
+    def _message_of_token_span(self, session: Session, i: int, d: Directive) -> int:
+        off = session.offsets()
+        for m in range(len(session.messages)):
+            lo, hi = self._content_range(session, m, off)
+            if lo <= d.span.start and d.span.end <= hi:
+                return m
+        raise InvalidSpan(f"directive {i}: token span [{d.span.start}, {d.span.end}) "
+                          "is not inside one message's content")
+
+    def _content_range(self, session: Session, m: int, off: list[int]) -> tuple[int, int]:
+        """Absolute token range of message m's content (after the header, before tool calls / end)."""
+        toks = session.message_tokens[m]
+        call_id = self.tokenizer.token_id(tpl.TOOL_CALL)
+        body_end = len(toks) - 1
+        if call_id in toks:
+            body_end = toks.index(call_id)
+        return off[m] + 1, off[m] + body_end
+
+    def _content_edit(self, session: Session, m: int, items: list[tuple[int, Directive]]) -> MessageEdit:
+        off = session.offsets()
+        lo, hi = self._content_range(session, m, off)
+        content_ids = session.message_tokens[m][1: 1 + hi - lo]
+        items = sorted(items, key=lambda it: (it[1].span.start, it[1].span.end))
+        for (ia, a), (ib, b) in zip(items, items[1:]):
+            if a.span.overlaps(b.span):
+                raise OverlappingSpans(f"directives {ia} and {ib} overlap")
+        pieces, cursor = [], 0
+        for _, d in items:
+            s, e = d.span.start - lo, d.span.end - lo
+            pieces.append(self.tokenizer.decode(content_ids[cursor:s]))
+            rep = d.replacement
+            pieces.append(rep if isinstance(rep, str) else self.tokenizer.decode(list(rep)))
+            cursor = e
+        pieces.append(self.tokenizer.decode(content_ids[cursor:]))
+        old = session.messages[m]
+        new = old.model_copy(update={"content": "".join(pieces)})
+        modes = {d.mode for _, d in items}
+        mode = "forget" if "forget" in modes else "amortize"
+        return MessageEdit(items[0][0], m, m + 1, [new], [self.tokenizer.encode_message(new)], mode)
+
+    def _token_edits(self, session: Session, edits: list[MessageEdit]) -> list[TokenEdit]:
+        off = session.offsets()
+        out = []
+        for e in edits:
+            old = [t for toks in session.message_tokens[e.start:e.end] for t in toks]
+            new = [t for toks in e.tokens for t in toks]
+            # Token-level minimisation: keep the common prefix and suffix rows.
+            p = 0
+            while p < min(len(old), len(new)) and old[p] == new[p]:
+                p += 1
+            s = 0
+            while s < min(len(old), len(new)) - p and old[-1 - s] == new[-1 - s]:
+                s += 1
+            out.append(TokenEdit(e, off[e.start] + p, off[e.end] - s, new[p: len(new) - s]))
+        return out
+
+    def _choose_modes(self, token_edits: list[TokenEdit]) -> None:
+        layout = self.engine.model.cache_layout()
+        forget_seen = False
+        for t in token_edits:
+            if t.edit.mode == "forget":
+                t.applied_mode, forget_seen = "forget", True
+                continue
+            reason = None
+            if forget_seen:
+                reason = "after_forget"  # everything after a forget is recomputed anyway
+            elif layout.inv_freq is None or len(layout.rotary_slices) != 1:
+                reason = "no_rotation_kernel"
+            elif t.old_start < self.sink_tokens:
+                reason = "attention_sink"
+            if reason:
+                t.applied_mode, t.fallback_reason = "forget", reason
+                forget_seen = True
+
+    def _position_map(self, session: Session, edits: list[MessageEdit], token_edits: list[TokenEdit]) -> Plan:
+        messages, message_tokens = list(session.messages), list(session.message_tokens)
+        for e in reversed(edits):
+            messages[e.start:e.end] = e.messages
+            message_tokens[e.start:e.end] = e.tokens
+        old_tokens = session.tokens
+        tokens: list[int] = []
+        source: list[tuple[int, int]] = []
+        forget_from = None
+        cursor = 0
+        for t in token_edits:
+            kept = range(cursor, t.old_start)
+            source.extend((KEPT, p) for p in kept)
+            tokens.extend(old_tokens[cursor:t.old_start])
+            if t.applied_mode == "forget" and forget_from is None:
+                forget_from = len(tokens)
+            tokens.extend(t.new_tokens)
+            source.extend((PREFILL, -1) for _ in t.new_tokens)
+            cursor = t.old_end
+        source.extend((KEPT, p) for p in range(cursor, len(old_tokens)))
+        tokens.extend(old_tokens[cursor:])
+        if forget_from is not None:
+            source[forget_from:] = [(PREFILL, -1)] * (len(source) - forget_from)
+        first_change = next((i for i, (kind, p) in enumerate(source) if kind == PREFILL or p != i), len(source))
+        if len(tokens) != len(old_tokens) and first_change == len(source):
+            first_change = min(len(tokens), len(old_tokens))
+        plan = Plan(messages, message_tokens, tokens, source, token_edits, first_change)
+        plan.outcomes = self._outcomes(plan, len(old_tokens))
+        return plan
+
+    def _outcomes(self, plan: Plan, old_len: int) -> list[DirectiveOutcome]:
+        """Attribute every new position to the edit whose region (its start up to the next edit) holds it."""
+        edits = plan.edits
+        results: dict[int, DirectiveOutcome] = {}
+        new_start, shift = [], 0
+        for t in edits:
+            new_start.append(t.old_start + shift)
+            shift += t.delta
+        for k, t in enumerate(edits):
+            region_end = new_start[k + 1] if k + 1 < len(edits) else len(plan.tokens)
+            reused = rotated = recomputed = 0
+            for pos in range(new_start[k], region_end):
+                kind, old = plan.source[pos]
+                if kind == PREFILL:
+                    recomputed += 1
+                elif old != pos:
+                    rotated += 1
+                else:
+                    reused += 1
+            results[t.edit.index] = DirectiveOutcome(
+                requested_mode=t.edit.mode, applied_mode=t.applied_mode, fallback_reason=t.fallback_reason,
+                token_start=t.old_start, token_end=t.old_end, delta=t.delta, reused_tokens=reused,
+                rotated_tokens=rotated, recomputed_tokens=recomputed)
+        return [results[i] for i in sorted(results)]
+
+    # -- execution -----------------------------------------------------------------
+
+    def execute(self, session: Session, plan: Plan, rotate: bool = True) -> None:
+        pool, bs = self.engine.pool, self.engine.pool.block_size
+        old_table = session.table
+        keep_blocks = min(plan.first_change // bs, len(old_table.blocks))
+        new_table = BlockTable(bs, old_table.blocks[:keep_blocks])
+        fresh = pool.allocate(max(0, pool.blocks_for(len(plan.tokens)) - keep_blocks))
+        new_table.blocks.extend(fresh)
+        try:
+            start = keep_blocks * bs
+            self._splice(old_table, new_table, plan, start, rotate)
+            self._prefill_runs(new_table, plan, start)
+        except BaseException:
+            pool.free(fresh)
+            raise
+        pool.free(old_table.blocks[keep_blocks:])
+        self._commit(session, new_table, plan)
+
+    def _splice(self, old_table: BlockTable, new_table: BlockTable, plan: Plan, start: int, rotate: bool) -> None:
+        moves = [(p, old) for p, (kind, old) in enumerate(plan.source[start:], start) if kind == KEPT]
+        if not moves:
+            return
+        pool = self.engine.pool
+        device = pool.rows.device
+        new_pos = torch.tensor([m[0] for m in moves], dtype=torch.long)
+        old_pos = torch.tensor([m[1] for m in moves], dtype=torch.long)
+        dst = new_table.rows(0, new_table.capacity)[new_pos]
+        src = old_table.rows(0, old_table.capacity)[old_pos]
+        deltas = (new_pos - old_pos) if rotate else torch.zeros_like(new_pos)
+        layers = torch.arange(pool.layout.num_layers, dtype=torch.long)[:, None] * pool.rows_per_layer
+        src_all, dst_all = (layers + src).flatten(), (layers + dst).flatten()
+        delta_all = deltas.repeat(pool.layout.num_layers)
+        layout = pool.layout
+        inv_freq = layout.inv_freq if layout.inv_freq is not None else torch.ones(1, dtype=torch.float64)
+        index, cos, sin = kernels.delta_rotation_table(delta_all, inv_freq, device)
+        offset, width = layout.rotary_slices[0] if layout.rotary_slices else (0, 0)
+        flat = pool.flat()
+        self.kernel(flat, flat, src_all.to(device), dst_all.to(device), index, cos, sin, offset, width)
+
+    def _prefill_runs(self, table: BlockTable, plan: Plan, start: int) -> None:
+        pos = start
+        n = len(plan.tokens)
+        while pos < n:
+            if plan.source[pos][0] != PREFILL:
+                pos += 1
+                continue
+            end = pos
+            while end < n and plan.source[end][0] == PREFILL:
+                end += 1
+            self.engine.prefill(table, plan.tokens[pos:end], pos, logits="none")
+            pos = end
+
+    def _commit(self, session: Session, table: BlockTable, plan: Plan) -> None:
+        session.table = table
+        session.messages = plan.messages
+        session.message_tokens = plan.message_tokens
+        session.version += 1
+        c = session.counters
+        for o in plan.outcomes:
+            c.reused_tokens += o.reused_tokens
+            c.rotated_tokens += o.rotated_tokens
+            c.recomputed_tokens += o.recomputed_tokens
+        # rows kept untouched before the first edit are reused too
+        first = min((o.token_start for o in plan.outcomes), default=0)
+        c.reused_tokens += first

@@ -1,0 +1,311 @@
+"""The runtime: model, tokenizer, paged cache, sessions, directive executor.
+
+This is the one object the HTTP layer, the fidelity harness and the bench
+talk to. Every public method takes the caller's tenant: sessions live in a
+per-tenant namespace, so a tenant can never name another tenant's session.
+Methods are serialised by one lock (the engine owns the cores anyway);
+the HTTP layer calls them from worker threads, off the event loop.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from leyline_sdk.errors import CapacityExceeded, InvalidDirective, SessionNotFound, VersionConflict
+from leyline_sdk.protocol import (
+    AppendResult, DirectiveBatch, DirectiveResult, GenerateRequest, GenerateResponse, Message,
+    SessionCreate, SessionInfo, TokenLogprob, TopLogprob, Usage,
+)
+
+from . import chat_template as tpl
+from .engine import Engine, Generation
+from .executor import DirectiveExecutor, Plan
+from .kv_cache import BlockPool, BlockTable, ensure_capacity
+from .model import DeepseekForCausalLM, load_model
+from .model.default import DEFAULT_MODEL_DIR
+from .session import Session
+from .tokenizer import ChatTokenizer
+
+DEFAULT_TENANT = "default"
+
+
+@dataclass
+class RuntimeConfig:
+    model_path: str | None = None  # None: the embedded default model
+    dtype: str = "float32"
+    device: str = "cpu"
+    max_cache_tokens: int = 65536
+    block_size: int = 16
+    prefill_chunk: int = 512
+    sink_tokens: int = 0
+    api_keys: list[str] = field(default_factory=list)
+    model_name: str = "leyline-default"
+
+
+@dataclass
+class RuntimeStats:
+    prefilled_tokens: int = 0
+    reused_tokens: int = 0
+    rotated_tokens: int = 0
+    recomputed_tokens: int = 0
+    evictions: int = 0
+
+
+class Runtime:
+    def __init__(self, config: RuntimeConfig | None = None, *, model: DeepseekForCausalLM | None = None,
+                 tokenizer: ChatTokenizer | None = None):
+        self.config = config = config or RuntimeConfig()
+        dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[config.dtype]
+        self.model = model if model is not None else load_model(config.model_path, device=config.device, dtype=dtype)
+        folder = Path(config.model_path) if config.model_path else DEFAULT_MODEL_DIR
+        self.tokenizer = tokenizer or ChatTokenizer.from_file(folder / "tokenizer.json")
+        num_blocks = max(1, -(-config.max_cache_tokens // config.block_size))
+        self.pool = BlockPool(self.model.cache_layout(), num_blocks, config.block_size,
+                              dtype=self.model.dtype, device=config.device)
+        self.engine = Engine(self.model, self.pool, config.prefill_chunk)
+        self.executor = DirectiveExecutor(self.engine, self.tokenizer, sink_tokens=config.sink_tokens)
+        self.stats = RuntimeStats()
+        self._sessions: dict[tuple[str, str], Session] = {}
+        self._evicted: set[tuple[str, str]] = set()
+        self._lock = threading.RLock()
+        self.max_positions = self.model.config.max_position_embeddings
+
+    # -- sessions ------------------------------------------------------------------
+
+    def create_session(self, request: SessionCreate, tenant: str = DEFAULT_TENANT) -> SessionInfo:
+        with self._lock:
+            sid = request.session_id or f"sess_{uuid.uuid4().hex[:16]}"
+            if (tenant, sid) in self._sessions:
+                raise InvalidDirective(f"session {sid} already exists")
+            session = Session(sid, tenant, BlockTable(self.pool.block_size))
+            with self._using(session):
+                self._append(session, request.messages)
+            self._sessions[(tenant, sid)] = session
+            self._evicted.discard((tenant, sid))
+            return session.info()
+
+    def get_session(self, session_id: str, tenant: str = DEFAULT_TENANT,
+                    include_messages: bool = False) -> SessionInfo:
+        with self._lock:
+            return self._get(tenant, session_id).info(include_messages)
+
+    def list_sessions(self, tenant: str = DEFAULT_TENANT) -> list[SessionInfo]:
+        with self._lock:
+            return [s.info() for (t, _), s in self._sessions.items() if t == tenant]
+
+    def delete_session(self, session_id: str, tenant: str = DEFAULT_TENANT) -> None:
+        with self._lock:
+            session = self._get(tenant, session_id)
+            self.pool.free(session.table.blocks)
+            del self._sessions[(tenant, session_id)]
+
+    def session_messages(self, session_id: str, tenant: str = DEFAULT_TENANT) -> tuple[list[Message], int]:
+        with self._lock:
+            s = self._get(tenant, session_id)
+            return list(s.messages), s.version
+
+    def has_session(self, session_id: str, tenant: str = DEFAULT_TENANT) -> bool:
+        return (tenant, session_id) in self._sessions
+
+    # -- mutations -----------------------------------------------------------------
+
+    def append(self, session_id: str, messages: list[Message], tenant: str = DEFAULT_TENANT,
+               expected_version: int | None = None) -> AppendResult:
+        with self._lock:
+            session = self._get(tenant, session_id)
+            self._check_version(session, expected_version)
+            with self._using(session):
+                cached = session.num_tokens
+                prefilled = self._append(session, messages)
+            return AppendResult(
+                session_id=session_id, version=session.version, num_tokens=session.num_tokens,
+                num_messages=len(session.messages),
+                usage=Usage(prompt_tokens=session.num_tokens, cached_tokens=cached, prefill_tokens=prefilled))
+
+    def apply(self, batch: DirectiveBatch, tenant: str = DEFAULT_TENANT, rotate: bool = True) -> DirectiveResult:
+        with self._lock:
+            t0 = time.perf_counter()
+            session = self._get(tenant, batch.session_id)
+            self._check_version(session, batch.expected_version)
+            with self._using(session):
+                plan = self.executor.plan(session, batch.directives)
+                self._check_positions(len(plan.tokens))
+                self._make_room(self._blocks_for_plan(session, plan), session)
+                self.executor.execute(session, plan, rotate=rotate)
+            for o in plan.outcomes:
+                self.stats.rotated_tokens += o.rotated_tokens
+                self.stats.recomputed_tokens += o.recomputed_tokens
+                self.stats.reused_tokens += o.reused_tokens
+            self.last_plan = plan
+            return DirectiveResult(
+                session_id=session.session_id, version=session.version, num_tokens=session.num_tokens,
+                num_messages=len(session.messages), outcomes=plan.outcomes,
+                elapsed_ms=(time.perf_counter() - t0) * 1000)
+
+    def generate(self, session_id: str, request: GenerateRequest, tenant: str = DEFAULT_TENANT) -> GenerateResponse:
+        with self._lock:
+            session = self._get(tenant, session_id)
+            self._check_version(session, request.expected_version)
+            with self._using(session):
+                cached = session.num_tokens
+                prefilled = self._append(session, request.messages)
+                message, gen, prompt_len, header_prefill = self._generate(session, request)
+            usage = Usage(prompt_tokens=prompt_len, cached_tokens=cached,
+                          prefill_tokens=prefilled + header_prefill,
+                          completion_tokens=len(gen.tokens),
+                          total_tokens=prompt_len + len(gen.tokens))
+            finish = "tool_calls" if message.tool_calls and gen.finish_reason == "stop" else gen.finish_reason
+            return GenerateResponse(session_id=session_id, message=message, finish_reason=finish, usage=usage,
+                                    logprobs=self._logprobs(gen) if request.logprobs else None,
+                                    version=session.version)
+
+    # -- internals -----------------------------------------------------------------
+
+    def _get(self, tenant: str, session_id: str) -> Session:
+        session = self._sessions.get((tenant, session_id))
+        if session is None:
+            hint = (" (it was evicted from the cache: send its full history again, e.g. through "
+                    "/v1/chat/completions, to rebuild it)") if (tenant, session_id) in self._evicted else ""
+            raise SessionNotFound(f"session {session_id} not found{hint}")
+        session.last_used = time.monotonic()
+        return session
+
+    @staticmethod
+    def _check_version(session: Session, expected: int | None) -> None:
+        if expected is not None and expected != session.version:
+            raise VersionConflict(f"session {session.session_id} is at version {session.version}, "
+                                  f"not {expected}")
+
+    def _check_positions(self, num_tokens: int) -> None:
+        if num_tokens > self.max_positions:
+            raise CapacityExceeded(f"{num_tokens} tokens exceed the model's context of {self.max_positions}")
+
+    @contextmanager
+    def _using(self, session: Session) -> Iterator[None]:
+        session.busy += 1
+        try:
+            yield
+        finally:
+            session.busy -= 1
+            session.last_used = time.monotonic()
+
+    def _make_room(self, blocks: int, session: Session) -> None:
+        """Evict idle sessions, least recently used first, until ``blocks`` are free."""
+        if blocks <= self.pool.num_free:
+            return
+        if blocks > self.pool.num_blocks - len(session.table.blocks):
+            raise CapacityExceeded(
+                f"this request needs {blocks * self.pool.block_size} cache tokens; the cache holds "
+                f"{self.pool.num_blocks * self.pool.block_size} in all")
+        idle = sorted((s for s in self._sessions.values() if s.busy == 0 and s is not session),
+                      key=lambda s: s.last_used)
+        for victim in idle:
+            if blocks <= self.pool.num_free:
+                break
+            self.pool.free(victim.table.blocks)
+            del self._sessions[(victim.tenant, victim.session_id)]
+            self._evicted.add((victim.tenant, victim.session_id))
+            self.stats.evictions += 1
+        if blocks > self.pool.num_free:
+            raise CapacityExceeded(f"the cache is full with sessions in use ({self.pool.num_free} blocks free, "
+                                   f"{blocks} needed)")
+
+    def _blocks_for_plan(self, session: Session, plan: Plan) -> int:
+        keep = min(plan.first_change // self.pool.block_size, len(session.table.blocks))
+        return max(0, self.pool.blocks_for(len(plan.tokens)) - keep)
+
+    def _grow(self, session: Session, num_tokens: int) -> None:
+        self._check_positions(num_tokens)
+        self._make_room(self.pool.blocks_for(num_tokens) - len(session.table.blocks), session)
+        ensure_capacity(self.pool, session.table, num_tokens)
+
+    def _append(self, session: Session, messages: list[Message]) -> int:
+        """Prefill only the new messages; returns the number of tokens prefilled."""
+        if not messages:
+            return 0
+        new_tokens = self.tokenizer.encode_messages(messages)
+        flat = [t for toks in new_tokens for t in toks]
+        start = session.num_tokens
+        blocks_before = len(session.table.blocks)
+        self._grow(session, start + len(flat))
+        try:
+            self.engine.prefill(session.table, flat, start, logits="none")
+        except BaseException:
+            self._shrink(session, blocks_before)
+            raise
+        session.messages.extend(messages)
+        session.message_tokens.extend(new_tokens)
+        session.version += 1
+        session.counters.prefilled_tokens += len(flat)
+        session.counters.reused_tokens += start
+        self.stats.prefilled_tokens += len(flat)
+        self.stats.reused_tokens += start
+        return len(flat)
+
+    def _shrink(self, session: Session, num_blocks: int) -> None:
+        extra = session.table.blocks[num_blocks:]
+        del session.table.blocks[num_blocks:]
+        self.pool.free(extra)
+
+    def _generate(self, session: Session, request: GenerateRequest):
+        start = session.num_tokens
+        header = self.tokenizer.role_ids["assistant"]
+        blocks_before = len(session.table.blocks)
+        budget = min(start + 1 + request.max_tokens + 1, self.max_positions)
+        self._grow(session, start + 1)
+        self._make_room(self.pool.blocks_for(budget) - len(session.table.blocks), session)
+        try:
+            logits = self.engine.prefill(session.table, [header], start)
+            gen = self.engine.decode(session.table, start + 1, logits, request, {self.tokenizer.end_id},
+                                     self.max_positions - 1, decode_text=self.tokenizer.decode)
+            message, tokens = self._finish_message(session, gen)
+            written = [header, *gen.tokens[:-1]]
+            common = 0
+            while common < min(len(written), len(tokens)) and written[common] == tokens[common]:
+                common += 1
+            ensure_capacity(self.pool, session.table, start + len(tokens))
+            self.engine.prefill(session.table, tokens[common:], start + common, logits="none")
+        except BaseException:
+            self._shrink(session, blocks_before)
+            raise
+        self._shrink(session, self.pool.blocks_for(start + len(tokens)))
+        session.messages.append(message)
+        session.message_tokens.append(tokens)
+        session.version += 1
+        session.counters.prefilled_tokens += 1
+        session.counters.reused_tokens += start
+        self.stats.prefilled_tokens += 1
+        self.stats.reused_tokens += start
+        return message, gen, start + 1, 1
+
+    def _finish_message(self, session: Session, gen: Generation) -> tuple[Message, list[int]]:
+        header = self.tokenizer.role_ids["assistant"]
+        ended = bool(gen.tokens) and gen.tokens[-1] == self.tokenizer.end_id and gen.stop_string is None
+        body_ids = gen.tokens[:-1] if ended else gen.tokens
+        text = self.tokenizer.decode(body_ids)
+        if gen.stop_string is not None:
+            text = text[: text.index(gen.stop_string)]
+        parsed = tpl.parse_assistant(text, call_id_prefix=f"call_{session.session_id[-8:]}_{session.version}")
+        message = Message(role="assistant", content=parsed.content, tool_calls=parsed.tool_calls or None)
+        if ended:
+            return message, [header, *gen.tokens]  # generated tokens are canonical
+        return message, self.tokenizer.encode_message(message)
+
+    def _logprobs(self, gen: Generation) -> list[TokenLogprob]:
+        out = []
+        for tok, (lp, tops) in zip(gen.tokens, gen.logprobs):
+            text = self.tokenizer.token_text(tok)
+            out.append(TokenLogprob(
+                token=text, logprob=lp, bytes=list(text.encode("utf-8")),
+                top_logprobs=[TopLogprob(token=self.tokenizer.token_text(t), logprob=v,
+                                         bytes=list(self.tokenizer.token_text(t).encode("utf-8")))
+                              for t, v in tops]))
+        return out
