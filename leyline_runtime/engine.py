@@ -7,6 +7,7 @@ never needs one ``[T, T]`` attention matrix.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -28,7 +29,7 @@ class Generation:
 
 
 class Engine:
-    def __init__(self, model: DeepseekForCausalLM, pool: BlockPool, prefill_chunk: int = 512):
+    def __init__(self, model: DeepseekForCausalLM, pool: BlockPool, prefill_chunk: int = 2048):
         self.model = model
         self.pool = pool
         self.prefill_chunk = prefill_chunk
@@ -65,12 +66,14 @@ class Engine:
 
     def decode(self, table: BlockTable, num_cached: int, first_logits: torch.Tensor,
                params: SamplingParams, stop_ids: set[int], max_positions: int,
-               decode_text=None) -> Generation:
+               decode_text=None, on_token: Callable[[int], None] | None = None) -> Generation:
         """Sample from ``first_logits`` on, writing each sampled token's row.
 
         A sampled stop id ends generation without its row being written (the
         caller decides what closes the message). ``decode_text(ids) -> str`` is
-        needed for stop strings.
+        needed for stop strings. ``on_token(id)`` sees every sampled token (stop
+        ids included) as soon as it is chosen; an exception it raises aborts
+        the generation.
         """
         gen = make_generator(params.seed)
         stops = params.stop_strings()
@@ -80,6 +83,8 @@ class Engine:
         position = num_cached
         while True:
             tok = sample_next(logits, params, gen)
+            if on_token is not None:
+                on_token(tok)
             if params.logprobs:
                 logprobs.append(_logprob_entry(logits, tok, params.top_logprobs))
             if tok in stop_ids:

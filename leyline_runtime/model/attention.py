@@ -88,24 +88,54 @@ class MLAttention(nn.Module):
         Writes the new tokens' rows first, then attends over ``read_rows``
         (which must cover positions 0..max(positions)).
         """
-        cfg = self.cfg
-        T, H, r = x.shape[0], self.num_heads, cfg.kv_lora_rank
         q_nope, q_pe = self._queries(x, cos, sin)
         pool[write_rows] = self.latent(x, cos, sin).to(pool.dtype)
         kv = pool[read_rows].to(x.dtype)  # [Tk, r + rope]
+        mask = self._mask(positions, kv.shape[0])
+        # Absorbed attention (MQA over the latent) is cheapest per query, but its
+        # head size is r + rope; for many queries expanding keys per head wins.
+        if x.shape[0] >= self.PREFILL_EXPAND_MIN:
+            out = self._expanded_attention(q_nope, q_pe, kv, mask, x.shape[0] == kv.shape[0])
+        else:
+            out = self._absorbed_attention(q_nope, q_pe, kv, mask)
+        return self.o_proj(out)
+
+    PREFILL_EXPAND_MIN = 64
+
+    @staticmethod
+    def _mask(positions: torch.Tensor, Tk: int) -> torch.Tensor | None:
+        if positions.shape[0] == 1 and int(positions[0]) == Tk - 1:
+            return None  # one query at the end sees everything
+        return torch.arange(Tk, device=positions.device)[None, :] <= positions[:, None]
+
+    def _absorbed_attention(self, q_nope, q_pe, kv, mask) -> torch.Tensor:
+        cfg = self.cfg
+        T, H, r = q_nope.shape[0], self.num_heads, cfg.kv_lora_rank
         w = self.kv_b_proj.weight.view(H, cfg.qk_nope_head_dim + cfg.v_head_dim, r)
         w_uk, w_uv = w[:, : cfg.qk_nope_head_dim], w[:, cfg.qk_nope_head_dim:]
         q_lat = torch.einsum("thn,hnr->htr", q_nope, w_uk)
         q = torch.cat((q_lat, q_pe.transpose(0, 1)), dim=-1).reshape(1, 1, H * T, -1)
-        Tk = kv.shape[0]
-        mask = None
-        if T > 1 or int(positions[-1]) != Tk - 1:
-            allowed = torch.arange(Tk, device=x.device)[None, :] <= positions[:, None]
-            mask = allowed.repeat(H, 1)
         # Folding heads into the query rows makes this one MQA product; V is the
         # row itself (its k_pe tail only pads V to Q/K's size and is dropped).
         k = kv[None, None]
-        out = F.scaled_dot_product_attention(q, k, k, attn_mask=mask, scale=self.scale)
+        out = F.scaled_dot_product_attention(q, k, k, attn_mask=None if mask is None else mask.repeat(H, 1),
+                                             scale=self.scale)
         out = out.view(H, T, -1)[..., :r]
-        out = torch.einsum("htr,hvr->thv", out, w_uv).reshape(T, H * cfg.v_head_dim)
-        return self.o_proj(out)
+        return torch.einsum("htr,hvr->thv", out, w_uv).reshape(T, H * cfg.v_head_dim)
+
+    def _expanded_attention(self, q_nope, q_pe, kv, mask, causal_square: bool) -> torch.Tensor:
+        cfg = self.cfg
+        T, H, Tk = q_nope.shape[0], self.num_heads, kv.shape[0]
+        c_kv, k_pe = kv.split([cfg.kv_lora_rank, cfg.qk_rope_head_dim], dim=-1)
+        k_nope, v = self.kv_b_proj(c_kv).view(Tk, H, -1).split([cfg.qk_nope_head_dim, cfg.v_head_dim], dim=-1)
+        q = torch.cat((q_nope, q_pe), dim=-1).transpose(0, 1)[None]
+        k = torch.cat((k_nope, k_pe[:, None, :].expand(Tk, H, cfg.qk_rope_head_dim)), dim=-1).transpose(0, 1)[None]
+        v = v.transpose(0, 1)[None]
+        pad = cfg.qk_head_dim - cfg.v_head_dim
+        if pad > 0:
+            v = F.pad(v, (0, pad))
+        if causal_square:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale)
+        return out[0, ..., : cfg.v_head_dim].transpose(0, 1).reshape(T, H * cfg.v_head_dim)

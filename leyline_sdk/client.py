@@ -1,0 +1,299 @@
+"""HTTP clients for the Leyline runtime: :class:`LeylineClient` and :class:`AsyncLeylineClient`.
+
+Both have the same methods; the async ones are coroutines. Requests and
+responses are built in :mod:`leyline_sdk._base`, so the classes only differ in
+how they send.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping, Sequence
+from types import TracebackType
+from typing import Any, Self, TypeVar
+
+import httpx
+
+from . import _base
+from ._base import Call, ClientConfig, DirectiveLike, MessageLike
+from .protocol import (
+    AppendResult,
+    DirectiveResult,
+    GenerateResponse,
+    Mode,
+    SessionInfo,
+)
+
+__all__ = ["AsyncLeylineClient", "LeylineClient"]
+
+T = TypeVar("T")
+
+
+class _ClientSettings:
+    """Read-only views of the resolved settings, shared by both clients."""
+
+    _config: ClientConfig
+
+    @property
+    def base_url(self) -> str:
+        return self._config.base_url
+
+    @property
+    def api_key(self) -> str | None:
+        return self._config.api_key
+
+    @property
+    def timeout(self) -> httpx.Timeout:
+        return self._config.timeout
+
+    @property
+    def max_retries(self) -> int:
+        return self._config.max_retries
+
+
+class LeylineClient(_ClientSettings):
+    """Synchronous client.
+
+    ``base_url`` and ``api_key`` default to ``LEYLINE_BASE_URL`` (else
+    ``http://127.0.0.1:8000``) and ``LEYLINE_API_KEY``. Connection failures
+    that happen before a request is sent are retried ``max_retries`` times;
+    HTTP errors never are. Pass ``transport=`` (e.g. ``httpx.MockTransport``)
+    or a ready ``http_client=`` (which this client then does not close).
+    """
+
+    def __init__(
+        self,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        *,
+        timeout: float | httpx.Timeout | None = None,
+        max_retries: int = _base.DEFAULT_MAX_RETRIES,
+        headers: Mapping[str, str] | None = None,
+        transport: httpx.BaseTransport | None = None,
+        http_client: httpx.Client | None = None,
+    ) -> None:
+        if transport is not None and http_client is not None:
+            raise TypeError("pass either transport= or http_client=, not both")
+        self._config = ClientConfig.resolve(
+            base_url,
+            api_key,
+            timeout,
+            max_retries,
+            headers,
+            client_timeout=http_client.timeout if http_client is not None else None,
+        )
+        self._owns_http = http_client is None
+        self._http = http_client or httpx.Client(transport=transport, timeout=self._config.timeout)
+
+    # sessions
+
+    def create_session(
+        self, messages: Sequence[MessageLike] | None = None, session_id: str | None = None
+    ) -> SessionInfo:
+        return self._send(_base.create_session(messages, session_id))
+
+    def get_session(self, session_id: str, include_messages: bool = False) -> SessionInfo:
+        return self._send(_base.get_session(session_id, include_messages))
+
+    def list_sessions(self) -> list[SessionInfo]:
+        return self._send(_base.list_sessions())
+
+    def delete_session(self, session_id: str) -> None:
+        self._send(_base.delete_session(session_id))
+
+    def append(
+        self, session_id: str, messages: Sequence[MessageLike], expected_version: int | None = None
+    ) -> AppendResult:
+        return self._send(_base.append(session_id, messages, expected_version))
+
+    def generate(
+        self,
+        session_id: str,
+        messages: Sequence[MessageLike] | None = None,
+        *,
+        expected_version: int | None = None,
+        **sampling: Any,
+    ) -> GenerateResponse:
+        """Append ``messages`` (if any), then generate one assistant message."""
+        return self._send(_base.generate(session_id, messages, expected_version, sampling))
+
+    # directives
+
+    def apply(
+        self,
+        session_id: str,
+        directives: Sequence[DirectiveLike],
+        expected_version: int | None = None,
+    ) -> DirectiveResult:
+        """Apply one atomic batch of directives (addressing the session as it is now)."""
+        return self._send(_base.apply(session_id, directives, expected_version))
+
+    # OpenAI-compatible
+
+    def chat(
+        self,
+        messages: Sequence[MessageLike],
+        session_id: str | None = None,
+        mode: Mode | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        *,
+        model: str | None = None,
+        **sampling: Any,
+    ) -> dict[str, Any]:
+        """``POST /v1/chat/completions``; the parsed OpenAI-shaped response."""
+        return self._send(_base.chat(messages, session_id, mode, tools, model, sampling))
+
+    def health(self) -> dict[str, Any]:
+        return self._send(_base.health())
+
+    # plumbing
+
+    def _send(self, call: Call[T]) -> T:
+        request = self._config.build_request(self._http, call)
+        attempt = 0
+        while True:
+            try:
+                response = self._http.send(request)
+            except httpx.TransportError as exc:
+                time.sleep(_base.retry_delay_or_raise(exc, attempt, self.max_retries))
+                attempt += 1
+                continue
+            return call.parse(response)
+
+    def close(self) -> None:
+        if self._owns_http:
+            self._http.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class AsyncLeylineClient(_ClientSettings):
+    """Asynchronous twin of :class:`LeylineClient`: same arguments, same methods, awaitable."""
+
+    def __init__(
+        self,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        *,
+        timeout: float | httpx.Timeout | None = None,
+        max_retries: int = _base.DEFAULT_MAX_RETRIES,
+        headers: Mapping[str, str] | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+        http_client: httpx.AsyncClient | None = None,
+    ) -> None:
+        if transport is not None and http_client is not None:
+            raise TypeError("pass either transport= or http_client=, not both")
+        self._config = ClientConfig.resolve(
+            base_url,
+            api_key,
+            timeout,
+            max_retries,
+            headers,
+            client_timeout=http_client.timeout if http_client is not None else None,
+        )
+        self._owns_http = http_client is None
+        self._http = http_client or httpx.AsyncClient(
+            transport=transport, timeout=self._config.timeout
+        )
+
+    # sessions
+
+    async def create_session(
+        self, messages: Sequence[MessageLike] | None = None, session_id: str | None = None
+    ) -> SessionInfo:
+        return await self._send(_base.create_session(messages, session_id))
+
+    async def get_session(self, session_id: str, include_messages: bool = False) -> SessionInfo:
+        return await self._send(_base.get_session(session_id, include_messages))
+
+    async def list_sessions(self) -> list[SessionInfo]:
+        return await self._send(_base.list_sessions())
+
+    async def delete_session(self, session_id: str) -> None:
+        await self._send(_base.delete_session(session_id))
+
+    async def append(
+        self, session_id: str, messages: Sequence[MessageLike], expected_version: int | None = None
+    ) -> AppendResult:
+        return await self._send(_base.append(session_id, messages, expected_version))
+
+    async def generate(
+        self,
+        session_id: str,
+        messages: Sequence[MessageLike] | None = None,
+        *,
+        expected_version: int | None = None,
+        **sampling: Any,
+    ) -> GenerateResponse:
+        """Append ``messages`` (if any), then generate one assistant message."""
+        return await self._send(_base.generate(session_id, messages, expected_version, sampling))
+
+    # directives
+
+    async def apply(
+        self,
+        session_id: str,
+        directives: Sequence[DirectiveLike],
+        expected_version: int | None = None,
+    ) -> DirectiveResult:
+        """Apply one atomic batch of directives (addressing the session as it is now)."""
+        return await self._send(_base.apply(session_id, directives, expected_version))
+
+    # OpenAI-compatible
+
+    async def chat(
+        self,
+        messages: Sequence[MessageLike],
+        session_id: str | None = None,
+        mode: Mode | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        *,
+        model: str | None = None,
+        **sampling: Any,
+    ) -> dict[str, Any]:
+        """``POST /v1/chat/completions``; the parsed OpenAI-shaped response."""
+        return await self._send(_base.chat(messages, session_id, mode, tools, model, sampling))
+
+    async def health(self) -> dict[str, Any]:
+        return await self._send(_base.health())
+
+    # plumbing
+
+    async def _send(self, call: Call[T]) -> T:
+        request = self._config.build_request(self._http, call)
+        attempt = 0
+        while True:
+            try:
+                response = await self._http.send(request)
+            except httpx.TransportError as exc:
+                await asyncio.sleep(_base.retry_delay_or_raise(exc, attempt, self.max_retries))
+                attempt += 1
+                continue
+            return call.parse(response)
+
+    async def close(self) -> None:
+        if self._owns_http:
+            await self._http.aclose()
+
+    aclose = close  # httpx spelling
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()

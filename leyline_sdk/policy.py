@@ -1,0 +1,142 @@
+"""Which mode an edit should run in.
+
+A :data:`ModePolicy` looks at one edit of the history and answers
+``"amortize"`` (cheap in-place splice; what follows keeps the old span's
+influence) or ``"forget"`` (re-prefill from the edit on; the old span leaves
+no trace). :func:`default_policy` amortizes housekeeping (cleared or truncated
+tool outputs, dropped tool attempts, insertions) and forgets content the
+conversation should no longer be conditioned on (retracted answers, user
+corrections, changed instructions).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from .protocol import Message, Mode
+
+__all__ = [
+    "EditContext",
+    "EditReason",
+    "ModePolicy",
+    "default_policy",
+    "explain_edit",
+    "force_mode",
+]
+
+EditReason = Literal[
+    "instruction_edit",
+    "user_correction",
+    "retraction",
+    "tool_output_edit",
+    "tool_attempt_edit",
+    "insertion",
+    "other",
+]
+
+
+@dataclass(frozen=True)
+class EditContext:
+    """One edit: ``old_messages`` (``old[start:end]``) become ``new_messages``."""
+
+    old_messages: Sequence[Message]
+    new_messages: Sequence[Message]
+    start: int
+    total_messages: int
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.old_messages)
+
+    @property
+    def kind(self) -> Literal["insert", "delete", "replace"]:
+        if not self.old_messages:
+            return "insert"
+        if not self.new_messages:
+            return "delete"
+        return "replace"
+
+    def changed_old(self) -> list[Message]:
+        """Old messages whose rendering does not survive the edit.
+
+        An id-only change, or a message carried over verbatim inside a larger
+        replacement, renders the same and so does not count.
+        """
+        kept = {m.fingerprint() for m in self.new_messages}
+        return [m for m in self.old_messages if m.fingerprint() not in kept]
+
+    def added_new(self) -> list[Message]:
+        """New messages that render differently from everything they replace."""
+        before = {m.fingerprint() for m in self.old_messages}
+        return [m for m in self.new_messages if m.fingerprint() not in before]
+
+
+ModePolicy = Callable[[EditContext], Mode]
+
+
+def explain_edit(edit: EditContext) -> tuple[Mode, EditReason]:
+    """The default policy's answer with the rule that decided it.
+
+    Forget rules are checked first: an edit that both drops a tool attempt and
+    removes a user message is a user correction.
+    """
+    changed = edit.changed_old()
+    added = edit.added_new()
+    # Instructions condition everything after them; an amortized edit would
+    # leave the old instructions' influence in every later token.
+    if any(m.role == "system" for m in changed) or any(m.role == "system" for m in added):
+        return "forget", "instruction_edit"
+    if any(m.role == "user" for m in changed):
+        return "forget", "user_correction"
+    if any(_is_plain_answer(m) for m in changed):
+        return "forget", "retraction"
+    if changed and all(m.role == "tool" for m in changed) and _same_calls(changed, added):
+        return "amortize", "tool_output_edit"
+    if changed and all(m.role in ("assistant", "tool") for m in changed):
+        # Only tool-call messages and tool results are left (plain answers were
+        # handled above): a failed attempt dropped, or its inputs cleared.
+        return "amortize", "tool_attempt_edit"
+    if edit.kind == "insert":
+        return "amortize", "insertion"
+    return "amortize", "other"
+
+
+def default_policy(edit: EditContext) -> Mode:
+    """Amortize housekeeping, forget retractions, user corrections and instruction edits."""
+    return explain_edit(edit)[0]
+
+
+def force_mode(mode: Mode) -> ModePolicy:
+    """A policy that always answers ``mode``."""
+    if mode not in ("amortize", "forget"):
+        raise ValueError(f"mode must be 'amortize' or 'forget', not {mode!r}")
+
+    def policy(edit: EditContext) -> Mode:
+        return mode
+
+    policy.__name__ = f"force_{mode}"
+    return policy
+
+
+def _is_plain_answer(message: Message) -> bool:
+    return message.role == "assistant" and not message.tool_calls
+
+
+def _same_calls(old_tools: Sequence[Message], new_messages: Sequence[Message]) -> bool:
+    """Every changed tool result is still answered, by a result of the same call or id.
+
+    That is a cleared or truncated output, not a dropped one.
+    """
+    new_tools = [m for m in new_messages if m.role == "tool"]
+    for old in old_tools:
+        if not any(_same_call(old, new) for new in new_tools):
+            return False
+    return True
+
+
+def _same_call(old: Message, new: Message) -> bool:
+    if old.id is not None and old.id == new.id:
+        return True
+    return old.tool_call_id is not None and old.tool_call_id == new.tool_call_id

@@ -1,0 +1,72 @@
+"""Engine: cached prefill/decode equal the plain forward; sampling; capacity."""
+
+import pytest
+import torch
+
+from leyline_sdk.errors import CapacityExceeded
+from leyline_sdk.protocol import GenerateRequest, SessionCreate
+from leyline_runtime.kv_cache import BlockPool, BlockTable, ensure_capacity
+from leyline_runtime.runtime import Runtime, RuntimeConfig
+
+from helpers import agent_history
+
+
+@pytest.fixture(scope="module")
+def rt():
+    return Runtime(RuntimeConfig(max_cache_tokens=4096))
+
+
+@pytest.mark.parametrize("chunk", [37, 2048])
+def test_chunked_prefill_and_decode_equal_forward(rt, chunk):
+    n = 300
+    tokens = torch.randint(0, rt.model.config.vocab_size, (n,), generator=torch.Generator().manual_seed(chunk))
+    full = rt.model(tokens[None])[0]
+    table = BlockTable(rt.pool.block_size)
+    ensure_capacity(rt.pool, table, n)
+    rt.engine.prefill_chunk = chunk
+    try:
+        prefix = rt.engine.prefill(table, tokens[:250].tolist(), 0, logits="all")
+        steps = [rt.engine.prefill(table, [int(t)], 250 + i) for i, t in enumerate(tokens[250:])]
+    finally:
+        rt.engine.prefill_chunk = 2048
+        rt.pool.free(table.blocks)
+    assert (prefix - full[:250]).abs().max().item() <= 1e-4
+    assert (torch.stack(steps) - full[250:]).abs().max().item() <= 1e-4
+
+
+def test_generation_is_seeded_and_reports_logprobs(rt):
+    outs = []
+    for _ in range(2):
+        sid = rt.create_session(SessionCreate(messages=agent_history())).session_id
+        req = GenerateRequest(max_tokens=6, temperature=0.9, top_p=0.9, seed=7, logprobs=True, top_logprobs=3)
+        outs.append(rt.generate(sid, req))
+        rt.delete_session(sid)
+    a, b = outs
+    assert a.message == b.message and [x.logprob for x in a.logprobs] == [x.logprob for x in b.logprobs]
+    assert len(a.logprobs) == a.usage.completion_tokens and all(len(x.top_logprobs) == 3 for x in a.logprobs)
+    assert a.usage.cached_tokens == a.usage.prompt_tokens - 1
+
+
+def test_generated_message_tokens_are_in_the_cache(rt):
+    sid = rt.create_session(SessionCreate(messages=agent_history())).session_id
+    rt.generate(sid, GenerateRequest(max_tokens=5, stop=["e"]))
+    s = rt._sessions[("default", sid)]
+    assert s.table.capacity >= s.num_tokens
+    full = rt.model(torch.tensor([s.tokens]))[0, -1]
+    table_rows = BlockTable(rt.pool.block_size, list(s.table.blocks))
+    ensure_capacity(rt.pool, table_rows, s.num_tokens + 1)
+    nxt = rt.engine.prefill(table_rows, [s.tokens[-1]], s.num_tokens - 1)  # rewrite last row, read the rest
+    assert (nxt - full).abs().max().item() <= 1e-4
+    rt.pool.free(table_rows.blocks[len(s.table.blocks):])
+    rt.delete_session(sid)
+
+
+def test_block_pool_capacity_error():
+    rt = Runtime(RuntimeConfig(max_cache_tokens=32, block_size=16))
+    pool: BlockPool = rt.pool
+    got = pool.allocate(2)
+    assert len(got) == 2 and pool.num_free == 0
+    with pytest.raises(CapacityExceeded, match="blocks"):
+        pool.allocate(1)
+    pool.free(got)
+    assert pool.num_free == 2
