@@ -14,7 +14,7 @@ L and R first diverge).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import torch
 
@@ -42,6 +42,9 @@ class FidelityReport:
     r_greedy: list[int]
     l_greedy: list[int]
     f_greedy: list[int]
+    # Per directive of L's batches, in order: the token delta and the mode actually applied.
+    deltas: list[int] = field(default_factory=list)
+    applied_modes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -68,36 +71,54 @@ def compare(ref: torch.Tensor, other: torch.Tensor) -> ArmComparison:
 
 def next_token_logits(runtime: Runtime, session_id: str, tenant: str = TENANT) -> torch.Tensor:
     """Logits after an assistant header, without changing the session."""
+    return _probe(runtime, session_id, 0, tenant)[0]
+
+
+def greedy_continuation(runtime: Runtime, session_id: str, max_tokens: int, tenant: str = TENANT) -> list[int]:
+    """Greedy tokens after an assistant header, without changing the session."""
+    return _probe(runtime, session_id, max_tokens, tenant)[1]
+
+
+def _probe(runtime: Runtime, session_id: str, max_tokens: int, tenant: str) -> tuple[torch.Tensor, list[int]]:
     with runtime._lock:
         session = runtime._get(tenant, session_id)
         n = session.num_tokens
         blocks = len(session.table.blocks)
-        runtime._grow(session, n + 1)
+        runtime._grow(session, n + 1 + max_tokens)
         try:
-            return runtime.engine.prefill(session.table, [runtime.tokenizer.role_ids["assistant"]], n).clone()
+            logits = runtime.engine.prefill(session.table, [runtime.tokenizer.role_ids["assistant"]], n).clone()
+            tokens: list[int] = []
+            if max_tokens:
+                params = GenerateRequest(max_tokens=max_tokens, temperature=0.0)
+                tokens = runtime.engine.decode(session.table, n + 1, logits, params, set(),
+                                               runtime.max_positions).tokens
+            return logits, tokens
         finally:
             runtime._shrink(session, blocks)
 
 
-def greedy(runtime: Runtime, session_id: str, max_tokens: int, tenant: str = TENANT) -> list[int]:
-    """Greedy continuation tokens (changes the session: use throwaway sessions)."""
-    runtime.generate(session_id, GenerateRequest(max_tokens=max_tokens, temperature=0.0), tenant)
-    with runtime._lock:
-        return runtime._get(tenant, session_id).message_tokens[-1][1:]
-
-
 def run_arms(runtime: Runtime, history: list[Message], directives: list[Directive],
              greedy_tokens: int = 16) -> FidelityReport:
+    return run_arms_batches(runtime, history, [directives], greedy_tokens)
+
+
+def run_arms_batches(runtime: Runtime, history: list[Message], batches: list[list[Directive]],
+                     greedy_tokens: int = 16) -> FidelityReport:
+    """Like :func:`run_arms` for a sequence of batches applied one after another to L and N
+    (multi-edit drift); R is a fresh prefill of the final edited history."""
     ids = {}
+    outcomes = []
     try:
         for arm in ("F", "L", "N"):
             ids[arm] = runtime.create_session(SessionCreate(messages=history), TENANT).session_id
-        runtime.apply(DirectiveBatch(session_id=ids["L"], directives=directives), TENANT)
-        runtime.apply(DirectiveBatch(session_id=ids["N"], directives=directives), TENANT, rotate=False)
+        for directives in batches:
+            result = runtime.apply(DirectiveBatch(session_id=ids["L"], directives=directives), TENANT)
+            outcomes.extend(result.outcomes)
+            runtime.apply(DirectiveBatch(session_id=ids["N"], directives=directives), TENANT, rotate=False)
         edited, _ = runtime.session_messages(ids["L"], TENANT)
         ids["R"] = runtime.create_session(SessionCreate(messages=edited), TENANT).session_id
         logits = {arm: next_token_logits(runtime, sid) for arm, sid in ids.items()}
-        conts = {arm: greedy(runtime, ids[arm], greedy_tokens) for arm in ("R", "L", "F")}
+        conts = {arm: greedy_continuation(runtime, ids[arm], greedy_tokens) for arm in ("R", "L", "F")}
     finally:
         for sid in ids.values():
             if runtime.has_session(sid, TENANT):
@@ -107,4 +128,5 @@ def run_arms(runtime: Runtime, history: list[Message], directives: list[Directiv
     return FidelityReport(
         l_vs_r=compare(logits["R"], logits["L"]), n_vs_r=compare(logits["R"], logits["N"]),
         f_vs_r=compare(logits["R"], logits["F"]), greedy_divergence=diverge, greedy_tokens=greedy_tokens,
-        r_greedy=r, l_greedy=l_, f_greedy=conts["F"])
+        r_greedy=r, l_greedy=l_, f_greedy=conts["F"],
+        deltas=[o.delta for o in outcomes], applied_modes=[o.applied_mode for o in outcomes])
