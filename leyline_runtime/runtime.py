@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,7 +44,7 @@ class RuntimeConfig:
     device: str = "cpu"
     max_cache_tokens: int = 65536
     block_size: int = 16
-    prefill_chunk: int = 512
+    prefill_chunk: int = 2048
     sink_tokens: int = 0
     api_keys: list[str] = field(default_factory=list)
     model_name: str = "leyline-default"
@@ -115,6 +115,10 @@ class Runtime:
     def has_session(self, session_id: str, tenant: str = DEFAULT_TENANT) -> bool:
         return (tenant, session_id) in self._sessions
 
+    def session_count(self) -> int:
+        """Live sessions over all tenants (for metrics)."""
+        return len(self._sessions)
+
     # -- mutations -----------------------------------------------------------------
 
     def append(self, session_id: str, messages: list[Message], tenant: str = DEFAULT_TENANT,
@@ -150,14 +154,16 @@ class Runtime:
                 num_messages=len(session.messages), outcomes=plan.outcomes,
                 elapsed_ms=(time.perf_counter() - t0) * 1000)
 
-    def generate(self, session_id: str, request: GenerateRequest, tenant: str = DEFAULT_TENANT) -> GenerateResponse:
+    def generate(self, session_id: str, request: GenerateRequest, tenant: str = DEFAULT_TENANT,
+                 on_token: Callable[[int], None] | None = None) -> GenerateResponse:
+        """``on_token(id)`` (optional) sees each sampled token as it is chosen, for streaming."""
         with self._lock:
             session = self._get(tenant, session_id)
             self._check_version(session, request.expected_version)
             with self._using(session):
                 cached = session.num_tokens
                 prefilled = self._append(session, request.messages)
-                message, gen, prompt_len, header_prefill = self._generate(session, request)
+                message, gen, prompt_len, header_prefill = self._generate(session, request, on_token)
             usage = Usage(prompt_tokens=prompt_len, cached_tokens=cached,
                           prefill_tokens=prefilled + header_prefill,
                           completion_tokens=len(gen.tokens),
@@ -255,7 +261,8 @@ class Runtime:
         del session.table.blocks[num_blocks:]
         self.pool.free(extra)
 
-    def _generate(self, session: Session, request: GenerateRequest):
+    def _generate(self, session: Session, request: GenerateRequest,
+                  on_token: Callable[[int], None] | None = None):
         start = session.num_tokens
         header = self.tokenizer.role_ids["assistant"]
         blocks_before = len(session.table.blocks)
@@ -265,7 +272,8 @@ class Runtime:
         try:
             logits = self.engine.prefill(session.table, [header], start)
             gen = self.engine.decode(session.table, start + 1, logits, request, {self.tokenizer.end_id},
-                                     self.max_positions - 1, decode_text=self.tokenizer.decode)
+                                     self.max_positions - 1, decode_text=self.tokenizer.decode,
+                                     on_token=on_token)
             message, tokens = self._finish_message(session, gen)
             written = [header, *gen.tokens[:-1]]
             common = 0

@@ -1,0 +1,5 @@
+"""Leyline's HTTP service (FastAPI): native session/directive endpoints and OpenAI chat."""
+
+from .app import create_app
+
+__all__ = ["create_app"]

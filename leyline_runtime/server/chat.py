@@ -1,0 +1,150 @@
+"""Chat completions against the runtime: stateless, or bound to a session.
+
+A bound request carries the whole history, as OpenAI clients do. The
+service diffs it against the session's messages (:func:`split_append`),
+applies the edits as one directive batch, appends the new tail and
+generates. An append-only request therefore reuses the whole cache; a
+request for a session that does not exist (new, or evicted) builds it from
+the history it carries.
+
+Chat requests for one session are serialised by a per-session lock, so
+they never interleave. The steps are separate runtime calls chained by
+``expected_version``; if a native request (``/directives``, ``/generate``)
+slips in between, the chain restarts from a fresh diff (before any token
+was produced, so nothing is generated twice).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from contextlib import suppress
+from dataclasses import dataclass, field
+
+from leyline_sdk.diff import split_append
+from leyline_sdk.errors import InvalidDirective, SessionNotFound, VersionConflict
+from leyline_sdk.protocol import (
+    DirectiveBatch,
+    DirectiveOutcome,
+    GenerateResponse,
+    Message,
+    SessionCreate,
+)
+
+from ..metrics import ServiceMetrics
+from ..runtime import Runtime
+from .locks import KeyedLocks
+from .openai_schema import ChatCompletionRequest
+from .prompt import generate_request, prompt_messages
+
+MAX_ATTEMPTS = 3
+MAX_DIRECTIVES = 1024  # DirectiveBatch's limit; a history edited more than that is rebuilt
+
+OnToken = Callable[[int], None]
+
+
+@dataclass
+class ChatTurn:
+    """One completed chat request: the generation and what it cost."""
+
+    response: GenerateResponse
+    session_id: str | None  # None: stateless
+    prefilled: int  # prompt tokens computed for this request
+    rebuilt: bool = False
+    directives_applied: int = 0
+    outcomes: list[DirectiveOutcome] = field(default_factory=list)
+    appended: int = 0
+
+    @property
+    def cached_tokens(self) -> int:
+        return max(0, self.response.usage.prompt_tokens - self.prefilled)
+
+
+class _Restart(Exception):
+    """Another request changed the session between two steps; diff again."""
+
+
+class ChatService:
+    def __init__(self, runtime: Runtime, metrics: ServiceMetrics):
+        self.runtime = runtime
+        self.metrics = metrics
+        self.session_locks = KeyedLocks()
+
+    def complete(self, request: ChatCompletionRequest, tenant: str, session_id: str | None = None,
+                 on_token: OnToken | None = None) -> ChatTurn:
+        """Run one chat request to the end (``on_token`` sees tokens as they come)."""
+        messages = prompt_messages(request)
+        started = False
+
+        def watch(token: int) -> None:
+            nonlocal started
+            started = True
+            if on_token is not None:
+                on_token(token)
+
+        for attempt in range(MAX_ATTEMPTS):
+            try:
+                if session_id is None:
+                    turn = self._stateless(request, messages, tenant, watch)
+                else:
+                    with self.session_locks.hold((tenant, session_id)):
+                        turn = self._bound(request, messages, session_id, tenant, watch)
+                break
+            except (_Restart, VersionConflict, SessionNotFound) as exc:
+                if started or attempt == MAX_ATTEMPTS - 1:
+                    if isinstance(exc, _Restart):
+                        raise VersionConflict(f"session {session_id} kept changing under this request") from exc
+                    raise
+        gen = turn.response
+        self.metrics.observe_generation("chat_completions", gen.finish_reason, gen.usage.completion_tokens)
+        return turn
+
+    # -- the two kinds of request --------------------------------------------------------
+
+    def _stateless(self, request: ChatCompletionRequest, messages: list[Message], tenant: str,
+                   on_token: OnToken) -> ChatTurn:
+        sid = f"chat_{uuid.uuid4().hex}"
+        info = self.runtime.create_session(SessionCreate(session_id=sid, messages=messages), tenant)
+        try:
+            gen = self.runtime.generate(sid, generate_request(request), tenant, on_token=on_token)
+        finally:
+            with suppress(SessionNotFound):
+                self.runtime.delete_session(sid, tenant)
+        return ChatTurn(gen, None, info.counters.prefilled_tokens + gen.usage.prefill_tokens)
+
+    def _bound(self, request: ChatCompletionRequest, messages: list[Message], sid: str, tenant: str,
+               on_token: OnToken) -> ChatTurn:
+        try:
+            old, version = self.runtime.session_messages(sid, tenant)
+        except SessionNotFound:
+            return self._rebuild(request, messages, sid, tenant, on_token)
+        mode = request.leyline.mode if request.leyline else "amortize"
+        directives, tail = split_append(old, messages, mode=mode)
+        if len(directives) > MAX_DIRECTIVES:
+            with suppress(SessionNotFound):
+                self.runtime.delete_session(sid, tenant)
+            return self._rebuild(request, messages, sid, tenant, on_token)
+        outcomes: list[DirectiveOutcome] = []
+        if directives:
+            batch = DirectiveBatch(session_id=sid, directives=directives, expected_version=version)
+            result = self.runtime.apply(batch, tenant)
+            self.metrics.observe_directives(result)
+            version, outcomes = result.version, result.outcomes
+        gen = self.runtime.generate(sid, generate_request(request, messages=tail, expected_version=version),
+                                    tenant, on_token=on_token)
+        recomputed = sum(o.recomputed_tokens for o in outcomes)
+        return ChatTurn(gen, sid, recomputed + gen.usage.prefill_tokens, directives_applied=len(directives),
+                        outcomes=outcomes, appended=len(tail))
+
+    def _rebuild(self, request: ChatCompletionRequest, messages: list[Message], sid: str, tenant: str,
+                 on_token: OnToken) -> ChatTurn:
+        try:
+            info = self.runtime.create_session(SessionCreate(session_id=sid, messages=messages), tenant)
+        except InvalidDirective as exc:
+            if self.runtime.has_session(sid, tenant):  # created by a concurrent request
+                raise _Restart() from exc
+            raise
+        gen = self.runtime.generate(sid, generate_request(request, expected_version=info.version), tenant,
+                                    on_token=on_token)
+        return ChatTurn(gen, sid, info.counters.prefilled_tokens + gen.usage.prefill_tokens, rebuilt=True,
+                        appended=len(messages))

@@ -1,0 +1,91 @@
+"""Every error leaves the service as ``{"error": {"code", "message"}}``.
+
+Runtime errors (:class:`LeylineError`) carry their own code and status.
+Request validation, unknown paths and wrong methods are reshaped into the
+same body, and malformed input that slips past validation (a ``ValueError``
+or ``IndexError`` deep in the runtime) is a 422, never a 500.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from leyline_sdk.errors import LeylineError
+from leyline_sdk.protocol import ErrorBody
+
+log = logging.getLogger("leyline.server")
+
+_HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "capacity_exceeded"}
+_MAX_LISTED_ERRORS = 5
+
+_DESCRIPTIONS = {
+    401: "Missing or wrong API key (`unauthorized`)",
+    404: "No such session for this tenant (`session_not_found`; the message hints when it was evicted)",
+    409: "`expected_version` does not match the session's version (`version_conflict`); nothing changed",
+    413: "The request cannot fit in the KV cache, or in the model's context (`capacity_exceeded`)",
+    422: "Invalid request: `validation_error`, `invalid_span`, `overlapping_spans`, `invalid_directive`",
+}
+
+
+def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses`` entries for a route: the error body for each status."""
+    return {s: {"model": ErrorBody, "description": _DESCRIPTIONS[s]} for s in sorted({401, 422, *statuses})}
+
+
+def error_response(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    body = {"error": {"code": code, "message": message}}
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+async def _leyline_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, LeylineError)
+    status = exc.status_code or 400
+    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    return error_response(status, exc.code, exc.message or exc.code, headers)
+
+
+async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    return error_response(422, "validation_error", describe_validation(exc.errors()))
+
+
+async def _http_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    code = _HTTP_CODES.get(exc.status_code, "http_error")
+    return error_response(exc.status_code, code, str(exc.detail), getattr(exc, "headers", None))
+
+
+async def _bad_input(request: Request, exc: Exception) -> JSONResponse:
+    return error_response(422, "invalid_request", str(exc) or type(exc).__name__)
+
+
+async def _internal_error(request: Request, exc: Exception) -> JSONResponse:
+    log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+    return error_response(500, "internal_error", "internal error")
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(LeylineError, _leyline_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    for bad_input in (ValueError, IndexError, OverflowError):
+        app.add_exception_handler(bad_input, _bad_input)
+    app.add_exception_handler(Exception, _internal_error)
+
+
+def describe_validation(errors: Any) -> str:
+    """``body.messages.0.role: Input should be ...; ...`` for the first few errors."""
+    parts = []
+    for err in list(errors)[:_MAX_LISTED_ERRORS]:
+        where = ".".join(str(p) for p in err.get("loc", ()))
+        parts.append(f"{where}: {err.get('msg', 'invalid')}" if where else str(err.get("msg", "invalid")))
+    more = len(errors) - _MAX_LISTED_ERRORS
+    if more > 0:
+        parts.append(f"(+{more} more)")
+    return "; ".join(parts) or "invalid request"

@@ -1,0 +1,64 @@
+"""From an OpenAI chat request to the runtime's prompt messages and sampling.
+
+Tools become one system message in front of the history. It renders
+deterministically and carries a fixed id, so a session that sees the same
+tools again diffs clean, and changed tools become one (token-minimised)
+message replacement rather than a rebuild.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from leyline_sdk.protocol import GenerateRequest, Message
+
+from .. import chat_template as tpl
+from .openai_schema import ChatCompletionRequest, NamedToolChoice
+
+TOOLS_MESSAGE_ID = "leyline:tools"
+DEFAULT_MAX_TOKENS = 256
+DEFAULT_TEMPERATURE = 1.0  # OpenAI's default
+
+
+def tools_message(request: ChatCompletionRequest) -> Message | None:
+    if not request.tools:
+        return None
+    text = tpl.render_tools([t.model_dump(exclude_none=True) for t in request.tools])
+    choice = request.tool_choice
+    if isinstance(choice, NamedToolChoice):
+        text += f"\nCall the tool {choice.function.name} now."
+    elif choice == "required":
+        text += "\nCall one of the tools now."
+    return Message(role="system", content=text, id=TOOLS_MESSAGE_ID)
+
+
+def prompt_messages(request: ChatCompletionRequest) -> list[Message]:
+    tools = tools_message(request)
+    return ([tools] if tools else []) + list(request.messages)
+
+
+def stop_strings(request: ChatCompletionRequest) -> list[str]:
+    stops = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
+    if request.tool_choice == "none" and request.tools:
+        # Tools stay in the prompt (so toggling tool_choice keeps the history
+        # cached); the model is just stopped before it can open a call.
+        stops.append(tpl.TOOL_CALL)
+    return [s for s in stops if s]
+
+
+def generate_request(request: ChatCompletionRequest, *, messages: list[Message] | None = None,
+                     expected_version: int | None = None) -> GenerateRequest:
+    """The runtime's generate request for the sampling part of a chat request."""
+    fields: dict[str, Any] = {
+        "messages": messages or [],
+        "expected_version": expected_version,
+        "max_tokens": request.max_completion_tokens or request.max_tokens or DEFAULT_MAX_TOKENS,
+        "temperature": DEFAULT_TEMPERATURE if request.temperature is None else request.temperature,
+        "top_p": 1.0 if request.top_p is None else request.top_p,
+        "top_k": request.top_k or 0,
+        "seed": request.seed,
+        "stop": stop_strings(request) or None,
+        "logprobs": bool(request.logprobs),
+        "top_logprobs": (request.top_logprobs or 0) if request.logprobs else 0,
+    }
+    return GenerateRequest.model_validate(fields)

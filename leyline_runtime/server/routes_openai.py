@@ -1,0 +1,67 @@
+"""OpenAI-compatible endpoints: ``/v1/chat/completions`` and ``/v1/models``."""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Annotated
+
+from fastapi import APIRouter, Header, Request
+from fastapi.responses import StreamingResponse
+from starlette.concurrency import run_in_threadpool
+
+from leyline_sdk.errors import ValidationFailed
+from leyline_sdk.protocol import MAX_ID_LENGTH
+
+from ..runtime import Runtime
+from .chat import ChatService
+from .completion import CompletionIds, completion
+from .errors import error_responses
+from .openai_schema import ChatCompletion, ChatCompletionRequest, ModelCard, ModelList
+from .prompt import stop_strings
+from .routes_sessions import RuntimeDep, Tenant
+from .sse import stream_chat
+from .streaming import DeltaDecoder
+
+router = APIRouter(prefix="/v1", tags=["openai"])
+
+SESSION_HEADER = "X-Leyline-Session"
+
+_STREAM_DOC = {"text/event-stream": {"schema": {"type": "string"},
+                                     "example": 'data: {"object": "chat.completion.chunk", ...}\n\ndata: [DONE]\n\n'}}
+
+
+def _bound_session(body: ChatCompletionRequest, header: str | None) -> str | None:
+    if body.session_id is not None or not header:
+        return body.session_id
+    if len(header) > MAX_ID_LENGTH:
+        raise ValidationFailed(f"{SESSION_HEADER} is longer than {MAX_ID_LENGTH} characters")
+    return header
+
+
+@router.post("/chat/completions", response_model=ChatCompletion,
+             responses={200: {"content": _STREAM_DOC, "description": "A completion, or an SSE stream when "
+                              "`stream` is true"}, **error_responses(404, 409, 413)},
+             summary="OpenAI chat completions; with a session, history edits become directives")
+async def chat_completions(
+    body: ChatCompletionRequest,
+    request: Request,
+    tenant: Tenant,
+    x_leyline_session: Annotated[str | None, Header(alias=SESSION_HEADER)] = None,
+) -> ChatCompletion | StreamingResponse:
+    service: ChatService = request.app.state.chat
+    runtime: Runtime = request.app.state.runtime
+    session_id = _bound_session(body, x_leyline_session)
+    ids = CompletionIds(runtime.config.model_name)
+    run = partial(service.complete, body, tenant, session_id)
+    if not body.stream:
+        return completion(await run_in_threadpool(run), ids)
+    decoder = DeltaDecoder(runtime.tokenizer, stop_strings(body))
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    return await stream_chat(lambda on_token: run(on_token=on_token), decoder, ids, include_usage)
+
+
+@router.get("/models", response_model=ModelList, responses=error_responses(), summary="The served model")
+async def list_models(request: Request, runtime: RuntimeDep, tenant: Tenant) -> ModelList:
+    card = ModelCard(id=runtime.config.model_name, created=request.app.state.started,
+                     max_model_len=runtime.max_positions)
+    return ModelList(data=[card])

@@ -1,0 +1,70 @@
+"""Token ids in, text deltas out: what may be sent to a streaming client now.
+
+The final message is what the runtime makes of the whole generation: text cut
+at a stop string, tool-call blocks parsed out. A delta is only sent once no
+later token can take it back, so everything sent is a prefix of the final
+content. Held back: an incomplete UTF-8 character, anything from a tool-call
+marker on (tool calls go out whole at the end), and the last few characters
+that might still turn into a stop string.
+"""
+
+from __future__ import annotations
+
+from .. import chat_template as tpl
+from ..tokenizer import ChatTokenizer
+
+_REPLACEMENT_CHAR = "\ufffd"
+
+
+class DeltaDecoder:
+    def __init__(self, tokenizer: ChatTokenizer, stop_strings: list[str]):
+        self.tokenizer = tokenizer
+        self.stops = [s for s in stop_strings if s]
+        self.hold = max((len(s) for s in self.stops), default=1) - 1
+        self.tokens: list[int] = []
+        self.sent = ""
+        self.closed = False  # a stop string or tool call was seen: nothing more streams
+
+    def push(self, token_id: int) -> str:
+        """The new safe text after ``token_id`` (may be empty)."""
+        if self.closed or token_id == self.tokenizer.end_id:
+            return ""
+        self.tokens.append(token_id)
+        text = self.tokenizer.decode(self.tokens)
+        safe = self._safe_length(text)
+        if safe <= len(self.sent):
+            return ""
+        delta = text[len(self.sent):safe]
+        self.sent = text[:safe]
+        return delta
+
+    def finish(self, final_content: str) -> str:
+        """What is left to send once the final content is known."""
+        if not final_content.startswith(self.sent):
+            return ""  # cannot happen by construction; never send a contradiction
+        rest = final_content[len(self.sent):]
+        self.sent = final_content
+        return rest
+
+    def _safe_length(self, text: str) -> int:
+        cut = len(text)
+        for marker in (tpl.TOOL_CALL, *self.stops):
+            at = text.find(marker)
+            if at >= 0:
+                cut = min(cut, at)
+                self.closed = True
+        if self.closed:
+            return cut
+        cut -= self.hold
+        cut = min(cut, len(text) - _partial_marker(text, tpl.TOOL_CALL))
+        while cut > 0 and text[cut - 1] == _REPLACEMENT_CHAR:
+            cut -= 1
+        return max(cut, 0)
+
+
+def _partial_marker(text: str, marker: str) -> int:
+    """Length of the longest suffix of ``text`` that is a proper prefix of ``marker``."""
+    for n in range(min(len(marker) - 1, len(text)), 0, -1):
+        if text.endswith(marker[:n]):
+            return n
+    return 0

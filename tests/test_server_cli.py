@@ -1,0 +1,136 @@
+"""A real ``leyline-runtime serve`` process, driven by the official ``openai`` client."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from test_server_support import history, metric
+
+from leyline_runtime import cli
+from leyline_runtime.runtime import RuntimeConfig
+
+API_KEY = "cli-test-key"
+STARTUP_TIMEOUT_S = 120
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def serve_command(port: int) -> list[str]:
+    script = shutil.which("leyline-runtime", path=str(Path(sys.executable).parent))
+    base = [script] if script else [sys.executable, "-m", "leyline_runtime.cli"]
+    return [*base, "serve", "--host", "127.0.0.1", "--port", str(port), "--max-cache-tokens", "8192",
+            "--api-key", API_KEY, "--threads", "1", "--log-level", "warning"]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    port = free_port()
+    log_path = tmp_path_factory.mktemp("serve") / "serve.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(serve_command(port), stdout=log, stderr=subprocess.STDOUT,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        wait_until_up(proc, port, log_path)
+        yield f"http://127.0.0.1:{port}", log_path
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def wait_until_up(proc: subprocess.Popen, port: int, log_path: Path) -> None:
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"server exited with {proc.returncode}:\n{log_path.read_text()}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    pytest.fail(f"server did not come up in {STARTUP_TIMEOUT_S} s:\n{log_path.read_text()}")
+
+
+def scrape(base_url: str) -> str:
+    r = httpx.get(f"{base_url}/metrics", headers={"Authorization": f"Bearer {API_KEY}"})
+    r.raise_for_status()
+    return r.text
+
+
+def test_help_is_true(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["serve", "--help"])
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    for flag in ("--host", "--port", "--model", "--dtype", "--max-cache-tokens", "--api-key"):
+        assert flag in out
+    defaults = RuntimeConfig()
+    assert cli.SERVE_DEFAULTS == {k: getattr(defaults, k) for k in cli.SERVE_DEFAULTS}
+    args = cli.build_parser().parse_args(["serve", "--api-key", "a", "b", "--api-key", "c"])
+    assert args.api_keys == ["a", "b", "c"] and args.port == 8000 and args.model is None
+
+
+def test_openai_client_against_a_real_server(server):
+    base_url, log_path = server
+    startup = log_path.read_text()
+    assert "embedded default" in startup and "parameters" in startup and "listening on" in startup
+
+    client = openai.OpenAI(base_url=f"{base_url}/v1", api_key=API_KEY, max_retries=0)
+    assert [m.id for m in client.models.list()] == ["leyline-default"]
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=f"{base_url}/v1", api_key="wrong", max_retries=0).models.list()
+
+    # Streaming, stateless.
+    stream = client.chat.completions.create(model="leyline-default", messages=history(2), max_tokens=4,
+                                            temperature=0, stream=True, stream_options={"include_usage": True})
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens <= 4
+    assert any(c.choices and c.choices[0].finish_reason for c in chunks)
+
+    # Non-streaming, bound to a session: build it, then extend it.
+    session = {"session_id": "openai-cli"}
+    msgs = history(8)
+    first = client.chat.completions.create(model="leyline-default", messages=msgs, max_tokens=3,
+                                           temperature=0, extra_body=session)
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    msgs = [*msgs, {"role": "assistant", "content": first.choices[0].message.content}, {"role": "user", "content": "go on"}]
+    second = client.chat.completions.create(model="leyline-default", messages=msgs, max_tokens=3,
+                                            temperature=0, extra_body=session)
+    assert second.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens
+
+    # Delete a middle message and resend: spliced (rotated), not rebuilt.
+    before = scrape(base_url)
+    msgs = [*msgs[:3], *msgs[4:], {"role": "assistant", "content": second.choices[0].message.content},
+            {"role": "user", "content": "last"}]
+    third = client.chat.completions.create(model="leyline-default", messages=msgs, max_tokens=3,
+                                           temperature=0, extra_body=session)
+    after = scrape(base_url)
+    report = third.model_extra["leyline"]
+    assert report["rebuilt"] is False and report["directives_applied"] == 1
+    cached = third.usage.prompt_tokens_details.cached_tokens
+    assert cached > 0.8 * third.usage.prompt_tokens
+    rotated = (metric(after, "leyline_prompt_tokens_rotated_total")
+               - metric(before, "leyline_prompt_tokens_rotated_total"))
+    assert rotated == report["outcomes"][0]["rotated_tokens"] > 0
+    prefilled = (metric(after, "leyline_prompt_tokens_prefilled_total")
+                 - metric(before, "leyline_prompt_tokens_prefilled_total"))
+    assert prefilled < third.usage.prompt_tokens - cached + 5  # only the new turn, not the whole history
+    assert metric(after, "leyline_directives_total", requested_mode="amortize", applied_mode="amortize") == 1
