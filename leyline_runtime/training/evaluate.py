@@ -1,0 +1,267 @@
+"""Evaluate a model folder on the held-out (test split) synthetic tasks.
+
+Two measurements:
+
+* **Held-out perplexity** — mean token cross-entropy on test-split
+  transcripts (each scored alone, from position 0, tokenised exactly as the
+  runtime does), for the model and for the seeded random-init model of the
+  same config (``seeded_model(config)``); also on assistant tokens only.
+* **Agent loop** — ``generate(messages, tools) -> assistant Message`` (or raw
+  assistant text) is driven through held-out tasks: the model's tool calls
+  are executed by the generator's tools (:func:`.tools.execute`), results are
+  appended as tool messages, until the model answers without a tool call or
+  ``max_turns`` assistant turns pass. Reported: well-formed tool-call rate
+  (blocks that parse *and* name a real tool with valid arguments / all
+  ``<|tool_call|>`` blocks the model wrote), task success rate (``Task.check``
+  on the final answer), mean assistant turns, per task kind.
+
+``python -m leyline_runtime.training.evaluate --model PATH --tasks 200 --out eval.json``
+(``--model default`` is the embedded default model) drives the real runtime
+(:class:`leyline_runtime.runtime.Runtime`, greedy decoding, paged KV cache).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import math
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from leyline_sdk.protocol import Message
+
+from .. import chat_template as tpl
+from ..tokenizer import ChatTokenizer
+from .corpus import CLS_ASSISTANT, transcript_tokens
+from .tools import execute, validate_call
+from .transcripts import Task, make_task, make_transcript
+
+Generate = Callable[[list[Message], list[dict]], "Message | str"]
+
+
+# --------------------------------------------------------------------------- perplexity
+
+
+@torch.no_grad()
+def heldout_loss(model, tok: ChatTokenizer, n: int = 64, max_len: int = 2048, start: int = 0) -> dict:
+    """Mean CE per token (all tokens / assistant tokens) on test-split transcripts."""
+    was_training = model.training
+    model.eval()
+    tot = tot_a = 0.0
+    cnt = cnt_a = 0
+    for seed in range(start, start + n):
+        ids, cls = transcript_tokens(tok, make_transcript(seed, "test").messages)
+        ids, cls = ids[:max_len + 1], cls[:max_len + 1]
+        t = torch.tensor([ids])
+        logits = model(t[:, :-1]).float()
+        ce = F.cross_entropy(logits[0], t[0, 1:], reduction="none")
+        mask = torch.tensor(cls[1:]) == CLS_ASSISTANT
+        tot += ce.sum().item()
+        cnt += ce.numel()
+        tot_a += ce[mask].sum().item()
+        cnt_a += int(mask.sum())
+    model.train(was_training)
+    loss, loss_a = tot / cnt, tot_a / max(cnt_a, 1)
+    return {"loss": loss, "ppl": math.exp(loss), "assistant_loss": loss_a, "assistant_ppl": math.exp(loss_a),
+            "tokens": cnt, "assistant_tokens": cnt_a, "transcripts": n}
+
+
+def compare_perplexity(model_path: str | None, n: int = 64, seed: int = 0) -> dict:
+    """Trained model vs the seeded random-init model of the same config."""
+    from ..model import load_model, seeded_model
+    from ..model.default import DEFAULT_MODEL_DIR
+
+    folder = Path(model_path) if model_path else DEFAULT_MODEL_DIR
+    tok = ChatTokenizer.from_file(folder / "tokenizer.json")
+    model = load_model(str(folder))
+    random_model = seeded_model(model.config, seed)
+    trained, rand = heldout_loss(model, tok, n), heldout_loss(random_model, tok, n)
+    return {"trained": trained, "random_init": rand, "loss_ratio": trained["loss"] / rand["loss"],
+            "uniform_loss": math.log(model.config.vocab_size)}
+
+
+# --------------------------------------------------------------------------- agent loop
+
+
+def _as_message(out) -> tuple[Message, int]:
+    """The assistant message and how many ``<|tool_call|>`` blocks its text held."""
+    if isinstance(out, str):
+        parsed = tpl.parse_assistant(out, call_id_prefix="call_eval")
+        msg = Message(role="assistant", content=parsed.content, tool_calls=parsed.tool_calls or None)
+        return msg, len(parsed.tool_calls) + len(parsed.malformed)
+    # A runtime-parsed message: malformed blocks stay in the content, verbatim.
+    return out, len(out.tool_calls or []) + out.content.count(tpl.TOOL_CALL)
+
+
+def run_task(task: Task, generate: Generate, max_turns: int = 8) -> dict:
+    messages = list(task.messages)
+    attempted = well_formed = turns = 0
+    answer, error, finished = None, None, False
+    for _ in range(max_turns):
+        try:
+            msg, blocks = _as_message(generate(list(messages), task.tools))
+        except Exception as exc:  # noqa: BLE001 -- a runtime error fails the task and is reported
+            error = f"{type(exc).__name__}: {exc}"
+            break
+        turns += 1
+        attempted += blocks
+        messages.append(msg)
+        if not msg.tool_calls:
+            if blocks:  # only malformed calls: the model meant to call a tool and failed
+                answer = msg.content
+                break
+            answer, finished = msg.content, True
+            break
+        for call in msg.tool_calls:
+            if validate_call(call.function.name, call.function.arguments, task.tools) is None:
+                well_formed += 1
+            result = execute(task.world, call.function.name, call.function.arguments)
+            messages.append(Message(role="tool", content=result, tool_call_id=call.id, name=call.function.name))
+    success = finished and task.check(answer or "")
+    return {"task_id": task.task_id, "kind": task.kind, "expected": task.expected, "answer": answer,
+            "success": success, "finished": finished, "turns": turns, "tool_calls_attempted": attempted,
+            "tool_calls_well_formed": well_formed, "error": error,
+            "transcript_tokens_hint": sum(len(m.content) for m in messages)}
+
+
+def run_agent_eval(generate: Generate, n_tasks: int = 200, max_turns: int = 8, start: int = 0,
+                   split: str = "test", progress: Callable[[str], None] | None = None) -> dict:
+    records = []
+    t0 = time.time()
+    for i, seed in enumerate(range(start, start + n_tasks)):
+        rec = run_task(make_task(seed, split), generate, max_turns)
+        records.append(rec)
+        if progress and ((i + 1) % 10 == 0 or i + 1 == n_tasks):
+            ok = sum(r["success"] for r in records)
+            progress(f"{i + 1}/{n_tasks} tasks, {ok} solved, {time.time() - t0:.0f}s")
+    attempted = sum(r["tool_calls_attempted"] for r in records)
+    well = sum(r["tool_calls_well_formed"] for r in records)
+    by_kind: dict[str, dict] = collections.defaultdict(lambda: {"tasks": 0, "success": 0})
+    for r in records:
+        by_kind[r["kind"]]["tasks"] += 1
+        by_kind[r["kind"]]["success"] += int(r["success"])
+    return {
+        "split": split, "tasks": len(records), "seeds": [start, start + n_tasks],
+        "well_formed_tool_call_rate": well / attempted if attempted else None,
+        "tool_calls_attempted": attempted, "tool_calls_well_formed": well,
+        "task_success_rate": sum(r["success"] for r in records) / len(records),
+        "finished_rate": sum(r["finished"] for r in records) / len(records),
+        "mean_turns": sum(r["turns"] for r in records) / len(records),
+        "errors": sum(r["error"] is not None for r in records),
+        "by_kind": {k: {**v, "success_rate": v["success"] / v["tasks"]} for k, v in sorted(by_kind.items())},
+        "seconds": time.time() - t0,
+        "records": records,
+    }
+
+
+def oracle_generate(task_lookup: dict[str, list[Message]] | None = None) -> Generate:
+    """A reference ``generate`` that replays the worked solution (for testing the harness)."""
+
+    def gen(messages: list[Message], tools: list[dict]) -> Message:
+        user = next(m.content for m in messages if m.role == "user")
+        solution = task_lookup[user]
+        n_assistant = sum(1 for m in messages if m.role == "assistant")
+        return [m for m in solution if m.role == "assistant"][n_assistant]
+
+    return gen
+
+
+class RuntimeGenerator:
+    """``generate`` over a :class:`~leyline_runtime.runtime.Runtime` session (greedy).
+
+    Keeps one session per conversation: when the new history extends the
+    session's, only the new messages are appended (prefilled); otherwise a
+    fresh session is created.
+    """
+
+    def __init__(self, runtime, max_tokens: int = 256):
+        self.runtime = runtime
+        self.max_tokens = max_tokens
+        self.session_id: str | None = None
+        self.history: list[Message] = []
+
+    def __call__(self, messages: list[Message], tools: list[dict]) -> Message:
+        from leyline_sdk.protocol import GenerateRequest, SessionCreate
+
+        n = len(self.history)
+        extends = (self.session_id is not None and len(messages) >= n
+                   and all(a.fingerprint() == b.fingerprint() for a, b in zip(self.history, messages[:n])))
+        if extends:
+            new = messages[n:]
+        else:
+            self.close()
+            info = self.runtime.create_session(SessionCreate(messages=[]))
+            self.session_id, new = info.session_id, messages
+        resp = self.runtime.generate(self.session_id, GenerateRequest(
+            messages=new, max_tokens=self.max_tokens, temperature=0.0))
+        self.history = list(messages) + [resp.message]
+        return resp.message
+
+    def close(self) -> None:
+        if self.session_id is not None:
+            try:
+                self.runtime.delete_session(self.session_id)
+            except Exception:  # noqa: BLE001,S110 -- already gone (evicted) is fine
+                pass
+            self.session_id, self.history = None, []
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(prog="python -m leyline_runtime.training.evaluate",
+                                 description="Held-out perplexity (vs the seeded random model) and agent-loop "
+                                             "evaluation on test-split synthetic tasks through the runtime.")
+    ap.add_argument("--model", default="default", help="model folder, or 'default' for the embedded model")
+    ap.add_argument("--tasks", type=int, default=200, help="held-out tasks for the agent loop (0: skip)")
+    ap.add_argument("--start", type=int, default=0, help="first test seed")
+    ap.add_argument("--max-turns", type=int, default=8)
+    ap.add_argument("--max-tokens", type=int, default=256, help="per assistant turn")
+    ap.add_argument("--ppl-transcripts", type=int, default=64, help="test transcripts for perplexity (0: skip)")
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--records", action="store_true", help="keep per-task records in the JSON")
+    ap.add_argument("--out", default=None, help="write the JSON here (default: stdout only)")
+    args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    path = None if args.model == "default" else args.model
+    result: dict = {"model": args.model}
+
+    def log(msg: str) -> None:
+        print(msg, file=sys.stderr, flush=True)
+
+    if args.ppl_transcripts:
+        result["perplexity"] = compare_perplexity(path, args.ppl_transcripts)
+        p = result["perplexity"]
+        log(f"held-out loss {p['trained']['loss']:.3f} (ppl {p['trained']['ppl']:.2f}) vs random "
+            f"{p['random_init']['loss']:.3f}; assistant tokens {p['trained']['assistant_loss']:.3f} vs "
+            f"{p['random_init']['assistant_loss']:.3f}")
+    if args.tasks:
+        from ..runtime import Runtime, RuntimeConfig
+
+        runtime = Runtime(RuntimeConfig(model_path=path))
+        gen = RuntimeGenerator(runtime, max_tokens=args.max_tokens)
+        agent = run_agent_eval(gen, args.tasks, args.max_turns, args.start, progress=log)
+        gen.close()
+        if not args.records:
+            agent.pop("records")
+        result["agent"] = agent
+        wf = agent["well_formed_tool_call_rate"]
+        log(f"well-formed tool calls {wf if wf is None else f'{wf:.1%}'}, task success "
+            f"{agent['task_success_rate']:.1%}, mean turns {agent['mean_turns']:.2f}")
+    text = json.dumps(result, indent=1)
+    if args.out:
+        Path(args.out).write_text(text)
+    print(text)
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,69 @@
+"""Name pools for the synthetic worlds, split into disjoint train / test pools.
+
+Entity names (services, modules, keys, functions, owners) are built from the
+noun pool of the task's split, so a held-out task never mentions an entity a
+training transcript could have memorised. The split of a word is a stable
+hash of the word (crc32), not Python's salted ``hash``.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+_NOUNS = [
+    "acorn", "alder", "amber", "anchor", "anvil", "apex", "arbor", "arcade", "archer", "argon", "arrow",
+    "aspen", "atlas", "aurora", "avalanche", "badger", "bamboo", "banner", "barley", "basalt", "basil",
+    "beacon", "beaver", "birch", "bishop", "bison", "blossom", "bobcat", "bonsai", "boulder", "bramble",
+    "brook", "buckle", "bugle", "cabin", "cactus", "caliper", "camel", "canary", "canyon", "caper", "cargo",
+    "carver", "cascade", "cedar", "cellar", "chalk", "charter", "cherry", "chisel", "cinder", "citadel",
+    "clover", "cobalt", "comet", "condor", "copper", "coral", "cotton", "cougar", "crane", "crater", "cricket",
+    "crown", "cypress", "dagger", "dahlia", "delta", "dingo", "dolphin", "domino", "dune", "eagle", "easel",
+    "ebony", "echo", "eclipse", "ember", "emerald", "falcon", "fathom", "fennel", "fern", "ferret", "fiddle",
+    "finch", "fjord", "flint", "forge", "fossil", "fox", "garnet", "gazelle", "geyser", "ginger", "glacier",
+    "glider", "granite", "gravel", "griffin", "grove", "gull", "harbor", "harp", "hawk", "hazel", "heron",
+    "hickory", "hornet", "husky", "iris", "island", "ivory", "jackal", "jade", "jaguar", "jasmine", "jasper",
+    "juniper", "kayak", "kelp", "kestrel", "kiln", "koala", "lagoon", "lantern", "larch", "lark", "laurel",
+    "lemur", "lentil", "lichen", "lilac", "linden", "lotus", "lynx", "magnet", "mallow", "mango", "maple",
+    "marble", "marlin", "marsh", "meadow", "mesa", "meteor", "mint", "mistral", "moose", "mosaic", "moth",
+    "nectar", "nickel", "nimbus", "nutmeg", "oak", "oasis", "obsidian", "ocelot", "olive", "onyx", "opal",
+    "orbit", "orchard", "orchid", "osprey", "otter", "owl", "oyster", "paddle", "panda", "panther", "papyrus",
+    "parrot", "pebble", "pelican", "pepper", "petal", "pewter", "pheasant", "pilot", "pine", "piper", "plaza",
+    "plume", "pollen", "poplar", "poppy", "prairie", "prism", "puffin", "pulsar", "quail", "quarry", "quartz",
+    "quill", "quiver", "radish", "raven", "reef", "ridge", "robin", "rocket", "rowan", "ruby", "saffron",
+    "sage", "salmon", "sapphire", "satchel", "sequoia", "shale", "sierra", "silo", "sparrow", "spruce",
+    "squall", "starling", "stoat", "summit", "swallow", "sycamore", "tamarind", "tapir", "teal", "tern",
+    "thicket", "thistle", "thrush", "tidal", "timber", "topaz", "torrent", "toucan", "tulip", "tundra",
+    "turnip", "umber", "valley", "vapor", "velvet", "verbena", "vervet", "viper", "walnut", "walrus", "willow",
+    "wombat", "wren", "yarrow", "yew", "zebra", "zenith", "zephyr", "zinnia",
+]
+
+_TEST_MOD = 5  # about a fifth of the nouns are held out for the test split
+
+
+def _is_test_word(word: str) -> bool:
+    return zlib.crc32(word.encode()) % _TEST_MOD == 0
+
+
+NOUNS = {
+    "train": sorted(w for w in set(_NOUNS) if not _is_test_word(w)),
+    "test": sorted(w for w in set(_NOUNS) if _is_test_word(w)),
+}
+
+# Shared, non-entity vocabulary (suffixes, attributes, verbs): the same in both splits.
+SERVICE_SUFFIXES = ["api", "sync", "worker", "gateway", "store", "proxy", "indexer", "scheduler", "cache", "relay"]
+VERBS = ["compute", "apply", "scale", "merge", "score", "count", "adjust", "estimate", "normalize", "combine",
+         "weigh", "balance", "convert", "total", "measure", "rank"]
+ATTRS = ["timeout_ms", "max_retries", "batch_size", "pool_size", "port", "replicas", "ttl_seconds", "workers",
+         "queue_depth", "rate_limit", "buffer_kb", "shard_count", "owner", "region", "version", "endpoint",
+         "log_level", "retry_backoff_ms", "heartbeat_s", "max_connections"]
+REGIONS = ["eu-west-1", "eu-west-2", "eu-central-1", "us-east-1", "us-east-2", "us-west-2", "ap-south-1",
+           "ap-northeast-1", "sa-east-1", "ca-central-1"]
+LOG_LEVELS = ["debug", "info", "warning", "error"]
+ENVS = ["prod", "staging", "dev", "canary"]
+TEST_CASES = ["basic", "zero", "large", "negative", "small", "mixed", "edge", "identity", "double", "rounding"]
+
+
+def nouns(split: str) -> list[str]:
+    if split not in NOUNS:
+        raise ValueError(f"split must be 'train' or 'test', not {split!r}")
+    return NOUNS[split]

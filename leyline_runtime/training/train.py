@@ -1,0 +1,311 @@
+"""Train the embedded default model from scratch on CPU, within a time budget.
+
+    python -m leyline_runtime.training.train --out runs/default --minutes 70
+
+* Model: ``leyline_runtime.model.default_config(vocab)`` (DeepSeek-V3 MLA,
+  dense, ~13M parameters, tied embeddings), initialised by ``seeded_model``.
+* Data: :class:`.corpus.Packer` shards (transcripts + stdlib, ``seq_len``
+  rows); a sequence-length curriculum (default ``--curriculum 1024:0.4``:
+  1024-token rows for the first 40 % of the budget, then ``--seq-len``
+  2048, so 2k-token agent histories are in distribution). Tokens per
+  optimiser step stay ``batch * seq_len`` in every phase.
+* Optimiser: AdamW (no decay on norms and embeddings), linear warmup, then a
+  cosine decay driven by the *fraction of the time budget used*, so the LR
+  reaches its floor exactly when the budget runs out. ``--max-steps`` adds a
+  step-based budget (whichever ends first).
+* Precision: fp32 weights; ``--dtype bf16`` runs forward/backward under CPU
+  bf16 autocast. ``auto`` (default) picks bf16 where the CPU has native bf16
+  matmul (AVX512-BF16 / AMX) and fp32 elsewhere (AVX2-only CPUs emulate bf16
+  matmuls several times slower than fp32).
+* Checkpoints ``out/checkpoint.pt`` (model, optimiser, step, data position,
+  elapsed time) every ``--checkpoint-minutes``; a rerun resumes from it.
+* At the end: ``out/model/`` = ``config.json`` + ``model.safetensors`` +
+  ``tokenizer.json`` (+ ``training.json``); ``--export DIR`` copies them there
+  (e.g. ``leyline_runtime/default_model``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ..model import default_config, save_model, seeded_model
+from ..model.config import config_from_dict
+from ..model.deepseek import DeepseekForCausalLM
+from ..tokenizer import ChatTokenizer
+from .corpus import Packer, loss_weights
+from .evaluate import heldout_loss
+
+DEFAULT_TOKENIZER = Path(__file__).resolve().parent.parent / "default_model" / "tokenizer.json"
+CHECKPOINT = "checkpoint.pt"
+
+
+def native_bf16() -> bool:
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return any(f in flags for f in ("avx512_bf16", "amx_bf16"))
+
+
+def parse_curriculum(spec: str | None, final_len: int) -> list[tuple[float, int]]:
+    """``"512:0.2,1024:0.5"`` -> [(0.2, 512), (0.5, 1024), (1.0, final_len)] (budget fraction ends)."""
+    phases = []
+    if spec:
+        for part in spec.split(","):
+            length, until = part.split(":")
+            phases.append((float(until), int(length)))
+    phases.append((1.0, final_len))
+    return phases
+
+
+def lr_at(step: int, progress: float, *, lr: float, warmup: int, min_ratio: float) -> float:
+    warm = min(1.0, (step + 1) / max(1, warmup))
+    progress = min(max(progress, 0.0), 1.0)
+    return lr * warm * (min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    decay, no_decay, seen = [], [], set()
+    for name, p in model.named_parameters():
+        if id(p) in seen or not p.requires_grad:
+            continue
+        seen.add(id(p))
+        (decay if p.dim() >= 2 and "embed" not in name else no_decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def weighted_loss(model: DeepseekForCausalLM, tokens: torch.Tensor, weights: torch.Tensor,
+                  autocast_dtype: torch.dtype | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weighted mean CE for the gradient, plain mean CE for the log)."""
+    x, y = tokens[:, :-1], tokens[:, 1:]
+    if autocast_dtype is not None:
+        with torch.autocast("cpu", dtype=autocast_dtype):
+            logits = model(x)
+    else:
+        logits = model(x)
+    ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="none")
+    w = weights.reshape(-1)
+    return (ce * w).sum() / w.sum(), ce.mean().detach()
+
+
+class DataStream:
+    """Batches from consecutive shards; the position is ``(shard, row)``."""
+
+    def __init__(self, packer: Packer, shard: int = 0, row: int = 0):
+        self.packer, self.shard_index, self.row = packer, shard, row
+        self._shard = None
+        self.transcript_tokens = self.text_tokens = 0
+
+    def next(self, batch: int, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
+        if self._shard is not None and (self._shard.seq_len != seq_len or self.row + batch > len(self._shard.tokens)):
+            self.shard_index, self.row, self._shard = self.shard_index + 1, 0, None
+        if self._shard is None:
+            self._shard = self.packer.shard(self.shard_index, seq_len)
+            if self.row + batch > len(self._shard.tokens):
+                self.shard_index, self.row = self.shard_index + 1, 0
+                self._shard = self.packer.shard(self.shard_index, seq_len)
+            self.transcript_tokens += self._shard.transcript_tokens
+            self.text_tokens += self._shard.text_tokens
+        rows = slice(self.row, self.row + batch)
+        self.row += batch
+        return self._shard.tokens[rows], self._shard.classes[rows]
+
+
+def _save_checkpoint(path: Path, payload: dict) -> None:
+    tmp = path.with_suffix(".tmp")
+    torch.save(payload, tmp)
+    os.replace(tmp, path)
+
+
+def train(out_dir: str | Path, *, minutes: float = 70.0, seq_len: int = 2048, batch: int = 1, accum: int = 1,
+          lr: float = 2e-3, min_lr_ratio: float = 0.05, warmup_steps: int = 60, weight_decay: float = 0.1,
+          grad_clip: float = 1.0, betas: tuple[float, float] = (0.9, 0.95), dtype: str = "auto",
+          threads: int | None = None, assistant_weight: float = 2.0, transcript_share: float = 0.7,
+          curriculum: str | None = "1024:0.4", seed: int = 0, checkpoint_minutes: float = 5.0, resume: bool = True,
+          log_every: int = 10, max_steps: int | None = None, tokenizer: str | Path = DEFAULT_TOKENIZER,
+          export: str | Path | None = None, eval_transcripts: int = 32, rows_per_shard: int = 64,
+          log=print) -> dict:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if threads:
+        torch.set_num_threads(threads)
+    if dtype == "auto":
+        dtype = "bf16" if native_bf16() else "fp32"
+    autocast_dtype = {"bf16": torch.bfloat16, "fp32": None}[dtype]
+    tok = ChatTokenizer.from_file(tokenizer)
+    phases = parse_curriculum(curriculum, seq_len)
+    budget_s = minutes * 60.0
+    ckpt_path = out / CHECKPOINT
+
+    state = None
+    if resume and ckpt_path.is_file():
+        state = torch.load(ckpt_path, map_location="cpu", weights_only=False)
+        cfg = config_from_dict(state["config"])
+        log(f"resuming from {ckpt_path}: step {state['step']}, {state['elapsed'] / 60:.1f} min done")
+    else:
+        cfg = default_config(tok.vocab_size)
+    torch.manual_seed(seed)
+    model = seeded_model(cfg, seed)
+    if state is not None:
+        model.load_state_dict(state["model"])
+    model.train()
+    opt = torch.optim.AdamW(param_groups(model, weight_decay), lr=lr, betas=betas, eps=1e-8)
+    if state is not None:
+        opt.load_state_dict(state["optimizer"])
+    packer = Packer(tok, seed=seed, rows_per_shard=rows_per_shard, transcript_share=transcript_share)
+    stream = DataStream(packer, *(state["data"] if state else (0, 0)))
+    step = state["step"] if state else 0
+    tokens_seen = state["tokens"] if state else 0
+    elapsed = state["elapsed"] if state else 0.0
+    history = state.get("history", []) if state else []
+    n_params = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+    log(f"model: {n_params / 1e6:.2f}M params ({cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}, "
+        f"vocab {cfg.vocab_size}, tied={cfg.tie_word_embeddings}); dtype {dtype}; threads "
+        f"{torch.get_num_threads()}; batch {batch}x{accum} rows; phases {phases}; budget {minutes:g} min")
+
+    t_last = time.perf_counter()
+    last_ckpt = elapsed
+    win_tokens, win_time, win_loss, win_n = 0, 0.0, 0.0, 0
+    stop_reason = "budget"
+
+    def checkpoint():
+        _save_checkpoint(ckpt_path, {
+            "model": model.state_dict(), "optimizer": opt.state_dict(), "step": step, "tokens": tokens_seen,
+            "elapsed": elapsed, "data": (stream.shard_index, stream.row), "config": cfg.to_hf_dict(),
+            "history": history, "args": {"seq_len": seq_len, "batch": batch, "accum": accum, "lr": lr,
+                                         "minutes": minutes, "dtype": dtype, "curriculum": curriculum}})
+
+    while True:
+        progress = elapsed / budget_s
+        if max_steps is not None:
+            progress = max(progress, step / max_steps)
+        if progress >= 1.0:
+            stop_reason = "max_steps" if max_steps is not None and step >= max_steps else "budget"
+            break
+        cur_len = next(length for until, length in phases if progress < until)
+        cur_lr = lr_at(step, progress, lr=lr, warmup=warmup_steps, min_ratio=min_lr_ratio)
+        for g in opt.param_groups:
+            g["lr"] = cur_lr
+        opt.zero_grad(set_to_none=True)
+        loss_sum = 0.0
+        rows_per_micro = max(1, batch * seq_len // cur_len)  # same tokens per step in every phase
+        for _ in range(accum):
+            rows, classes = stream.next(rows_per_micro, cur_len)
+            tokens = torch.from_numpy(rows.astype(np.int64))
+            weights = torch.from_numpy(loss_weights(classes, assistant_weight))
+            loss, plain = weighted_loss(model, tokens, weights, autocast_dtype)
+            (loss / accum).backward()
+            loss_sum += plain.item() / accum
+        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+        opt.step()
+        step += 1
+        n_tok = rows_per_micro * accum * cur_len
+        tokens_seen += n_tok
+        now = time.perf_counter()
+        dt, t_last = now - t_last, now
+        elapsed += dt
+        win_tokens += n_tok
+        win_time += dt
+        win_loss += loss_sum
+        win_n += 1
+        if not math.isfinite(loss_sum):
+            stop_reason = "non-finite loss"
+            log(f"step {step}: loss is {loss_sum}; stopping")
+            break
+        if step % log_every == 0 or step == 1:
+            rec = {"step": step, "tokens": tokens_seen, "loss": win_loss / win_n, "lr": cur_lr,
+                   "tok_s": win_tokens / win_time, "elapsed_min": elapsed / 60, "seq_len": cur_len}
+            history.append(rec)
+            log(f"step {step:6d} | {rec['tok_s']:7.0f} tok/s | loss {rec['loss']:.4f} | lr {cur_lr:.2e} | "
+                f"seq {cur_len} | {tokens_seen / 1e6:.2f}M tok | {elapsed / 60:5.1f}/{minutes:g} min")
+            sys.stdout.flush()
+            win_tokens, win_time, win_loss, win_n = 0, 0.0, 0.0, 0
+        if elapsed - last_ckpt >= checkpoint_minutes * 60:
+            checkpoint()
+            last_ckpt = elapsed
+            t_last = time.perf_counter()  # saving time is not training time
+
+    checkpoint()
+    model.eval()
+    final = out / "model"
+    save_model(model, final)
+    shutil.copyfile(tokenizer, final / "tokenizer.json")
+    summary = {"steps": step, "tokens": tokens_seen, "elapsed_min": elapsed / 60, "stop": stop_reason,
+               "params": n_params, "dtype": dtype, "threads": torch.get_num_threads(), "seq_len": seq_len,
+               "batch": batch, "accum": accum, "lr": lr, "curriculum": curriculum, "seed": seed,
+               "data_position": [stream.shard_index, stream.row],
+               "packed_tokens_this_process": {"transcripts": stream.transcript_tokens, "stdlib": stream.text_tokens},
+               "last_loss": history[-1]["loss"] if history else None,
+               "config": cfg.to_hf_dict()}
+    if eval_transcripts:
+        summary["heldout"] = heldout_loss(model, tok, eval_transcripts)
+        log(f"held-out (test split, {eval_transcripts} transcripts): loss {summary['heldout']['loss']:.4f}, "
+            f"assistant-token loss {summary['heldout']['assistant_loss']:.4f}")
+    (final / "training.json").write_text(json.dumps({**summary, "history": history}, indent=1))
+    if export:
+        dest = Path(export)
+        dest.mkdir(parents=True, exist_ok=True)
+        for name in ("config.json", "model.safetensors", "tokenizer.json"):
+            shutil.copyfile(final / name, dest / name)
+        log(f"exported to {dest}")
+    log(f"done: {step} steps, {tokens_seen / 1e6:.2f}M tokens, {elapsed / 60:.1f} min ({stop_reason}); "
+        f"weights in {final}")
+    return summary
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m leyline_runtime.training.train", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True, help="run folder (checkpoint.pt, model/)")
+    ap.add_argument("--minutes", type=float, default=70.0, help="time budget; the LR decays to it")
+    ap.add_argument("--seq-len", type=int, default=2048)
+    ap.add_argument("--batch", type=int, default=1,
+                    help="rows of --seq-len per micro-batch (shorter curriculum phases take proportionally more rows)")
+    ap.add_argument("--accum", type=int, default=1, help="micro-batches per optimiser step")
+    ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--min-lr-ratio", type=float, default=0.05)
+    ap.add_argument("--warmup-steps", type=int, default=60)
+    ap.add_argument("--weight-decay", type=float, default=0.1)
+    ap.add_argument("--grad-clip", type=float, default=1.0)
+    ap.add_argument("--dtype", choices=["auto", "bf16", "fp32"], default="auto")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
+    ap.add_argument("--assistant-weight", type=float, default=2.0, help="loss weight of assistant tokens")
+    ap.add_argument("--transcript-share", type=float, default=0.7, help="transcript fraction of the tokens")
+    ap.add_argument("--curriculum", default="1024:0.4",
+                    help="shorter rows first: LEN:FRACTION[,...] of the budget, then --seq-len ('' = none)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--checkpoint-minutes", type=float, default=5.0)
+    ap.add_argument("--no-resume", action="store_true", help="ignore an existing checkpoint")
+    ap.add_argument("--log-every", type=int, default=10)
+    ap.add_argument("--max-steps", type=int, default=None)
+    ap.add_argument("--tokenizer", default=str(DEFAULT_TOKENIZER))
+    ap.add_argument("--export", default=None, help="also copy the final folder's files here")
+    ap.add_argument("--eval-transcripts", type=int, default=32, help="held-out transcripts scored at the end")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = build_parser().parse_args(argv)
+    return train(args.out, minutes=args.minutes, seq_len=args.seq_len, batch=args.batch, accum=args.accum,
+                 lr=args.lr, min_lr_ratio=args.min_lr_ratio, warmup_steps=args.warmup_steps,
+                 weight_decay=args.weight_decay, grad_clip=args.grad_clip, dtype=args.dtype,
+                 threads=args.threads, assistant_weight=args.assistant_weight,
+                 transcript_share=args.transcript_share, curriculum=args.curriculum, seed=args.seed,
+                 checkpoint_minutes=args.checkpoint_minutes, resume=not args.no_resume,
+                 log_every=args.log_every, max_steps=args.max_steps, tokenizer=args.tokenizer,
+                 export=args.export, eval_transcripts=args.eval_transcripts)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,246 @@
+"""Training data: generator determinism, held-out split, tool calls, tokenizer, packing (fast)."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pytest
+
+from leyline_runtime import chat_template as tpl
+from leyline_runtime.model.default import default_tokenizer_path
+from leyline_runtime.tokenizer import ChatTokenizer
+from leyline_runtime.training import names as N
+from leyline_runtime.training.corpus import (
+    CLS_ASSISTANT,
+    CLS_TEXT,
+    Packer,
+    loss_weights,
+    render_transcript,
+    stdlib_files,
+    transcript_tokens,
+)
+from leyline_runtime.training.evaluate import oracle_generate, run_agent_eval
+from leyline_runtime.training.tools import (
+    TOOLS,
+    calculator,
+    execute,
+    execute_test_file,
+    kv_get,
+    run_tests,
+)
+from leyline_runtime.training.train import DataStream, lr_at, parse_curriculum
+from leyline_runtime.training.transcripts import KINDS, make_task, make_transcript
+from leyline_runtime.training.world import make_world
+
+SEEDS = range(60)
+
+
+@pytest.fixture(scope="module")
+def tok() -> ChatTokenizer:
+    return ChatTokenizer.from_file(default_tokenizer_path())
+
+
+@pytest.fixture(scope="module")
+def transcripts():
+    return [make_transcript(s, split) for split in ("train", "test") for s in SEEDS]
+
+
+def _dump(tr):
+    return [m.model_dump() for m in tr.messages]
+
+
+def test_generator_is_deterministic():
+    for seed in (0, 7, 123):
+        for split in ("train", "test"):
+            a, b = make_transcript(seed, split), make_transcript(seed, split)
+            assert _dump(a) == _dump(b)
+            assert a.task.expected == b.task.expected and a.task.world.files == b.task.world.files
+    assert _dump(make_transcript(1, "train")) != _dump(make_transcript(2, "train"))
+
+
+def test_every_kind_builds_and_its_answer_checks(transcripts):
+    seen = {tr.task.kind for tr in transcripts}
+    assert len(seen) >= len(KINDS) - 2
+    for kind in KINDS:
+        for seed in range(40):
+            try:
+                tr = make_transcript(seed, "train", kind=kind)
+            except RuntimeError:
+                continue
+            assert tr.task.kind == kind
+            break
+        else:
+            pytest.fail(f"no {kind} task in 40 seeds")
+    for tr in transcripts:
+        # follow-up tasks share the history; each final answer passes its own check
+        answers = [i for i, m in enumerate(tr.messages) if m.role == "assistant" and not m.tool_calls]
+        assert len(answers) == len(tr.tasks)
+        for task, i in zip(tr.tasks, answers):
+            assert task.check(tr.messages[i].content), (task.task_id, tr.messages[i].content)
+            assert not task.check(""), task.task_id
+        assert tr.messages[0].role == "system" and tr.task.messages[-1].role == "user"
+
+
+def test_check_matches_whole_values_only():
+    task = make_task(3, "test", kind="calc")
+    value = task.expected
+    assert task.check(f"The result is {value}.")
+    assert not task.check(f"The result is {value}7.")
+    assert not task.check(f"The result is 1{value}.")
+
+
+def test_splits_are_disjoint():
+    train, test = set(N.nouns("train")), set(N.nouns("test"))
+    assert train and test and not train & test
+    assert len(test) >= 40
+    for seed in range(40):
+        w = make_world(str(seed), "test")
+        for name in w.services:
+            assert name.split("-")[0] in test
+        for mod in w.modules.values():
+            assert mod.name.split("_")[0] in test
+        for key in w.kv:
+            assert key.split(".")[0].split("_")[0] in test
+    # the same seed gives different tasks in the two splits
+    assert make_task(5, "train").messages[-1].content != make_task(5, "test").messages[-1].content
+    with pytest.raises(ValueError):
+        make_transcript(0, "validation")
+
+
+def test_tool_calls_round_trip_through_parse_assistant(transcripts):
+    n_calls = 0
+    for tr in transcripts:
+        for m in tr.messages:
+            if m.role != "assistant" or not m.tool_calls:
+                continue
+            parsed = tpl.parse_assistant(tpl.render_body(m))
+            assert not parsed.malformed
+            assert parsed.content == m.content
+            assert [c.function.name for c in parsed.tool_calls] == [c.function.name for c in m.tool_calls]
+            assert [json.loads(c.function.arguments) for c in parsed.tool_calls] == \
+                [json.loads(c.function.arguments) for c in m.tool_calls]
+            n_calls += len(m.tool_calls)
+    assert n_calls > len(transcripts)
+
+
+def test_tool_results_are_what_execute_returns(transcripts):
+    names = {t["function"]["name"] for t in TOOLS}
+    errors = 0
+    for tr in transcripts:
+        world = tr.task.world
+        pending = []
+        for m in tr.messages:
+            if m.role == "assistant" and m.tool_calls:
+                assert not pending
+                pending = list(m.tool_calls)
+            elif m.role == "tool":
+                call = pending.pop(0)
+                assert call.function.name in names
+                assert m.tool_call_id == call.id
+                assert m.content == execute(world, call.function.name, json.loads(call.function.arguments))
+                errors += m.content.startswith("Error")
+        assert not pending
+    assert errors > 0  # failed calls followed by retries are part of the data
+
+
+def test_transcript_shapes(transcripts):
+    rounds = [tr.tool_rounds for tr in transcripts]
+    assert min(rounds) >= 1 and max(rounds) >= 4
+    assert any(len(m.content.splitlines()) >= 30 for tr in transcripts for m in tr.messages if m.role == "tool")
+    assert any(len(tr.tasks) > 1 for tr in transcripts)
+    assert all(tpl.render_tools(TOOLS) in tr.messages[0].content for tr in transcripts)
+
+
+def test_tools():
+    assert calculator("(37*12)-5") == "439"
+    assert calculator("10/4") == "2.5"
+    assert calculator("(1+2").startswith("Error: SyntaxError")
+    assert calculator("1/0") == "Error: ZeroDivisionError: division by zero"
+    assert calculator("__import__('os')").startswith("Error")
+    assert calculator("2**10**10").startswith("Error")
+    w = make_world("11", "train")
+    key = next(iter(w.kv))
+    assert kv_get(w, key) == w.kv[key]
+    assert kv_get(w, key + "x") == f"Error: KeyError: '{key}x' not found. Did you mean '{key}'?"
+    assert execute(w, "nope", {}).startswith("Error: unknown tool")
+    assert execute(w, "kv_get", {}).startswith("Error: TypeError")
+    assert execute(w, "kv_get", "{not json").startswith("Error: ValueError")
+    out = run_tests(w)
+    for mod in w.modules.values():
+        for name, ok, reason in execute_test_file(w, mod.test_path):
+            assert f"{mod.test_path}::{name} {'PASSED' if ok else 'FAILED'}" in out
+            if not ok:
+                assert f"FAILED {mod.test_path}::{name} - {reason}" in out
+    assert run_tests(w, "tests/missing.py").startswith("Error: no tests found")
+
+
+def test_tokenizer_round_trips_and_has_special_tokens(tok):
+    assert tok.vocab_size == 8192
+    for i, special in enumerate(tpl.SPECIAL_TOKENS):
+        assert tok.token_id(special) == i
+    rng = random.Random(0)
+    alphabet = [chr(c) for c in list(range(32, 127)) + [9, 10, 13, 0xe9, 0x3b1, 0x4e2d, 0x1f680, 0x200b]]
+    for _ in range(200):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 60)))
+        assert tok.decode(tok.encode(text)) == text
+    call = '<|tool_call|>{"name": "kv_get", "arguments": {"key": "a.b"}}<|end_tool_call|>'
+    assert len(tok.encode(call)) <= 24
+
+
+def test_training_tokenization_equals_runtime_tokenization(tok, transcripts):
+    for tr in transcripts[:20]:
+        ids, cls = transcript_tokens(tok, tr.messages)
+        assert ids == [t for m in tok.encode_messages(tr.messages) for t in m]
+        assert len(cls) == len(ids) and CLS_ASSISTANT in cls
+        assert tok.decode(ids) == render_transcript(tr.messages)
+
+
+def test_packed_batch_shape(tok):
+    assert len(stdlib_files()) > 100
+    packer = Packer(tok, rows_per_shard=4)
+    shard = packer.shard(0, 512)
+    assert shard.tokens.shape == (4, 513) and shard.classes.shape == (4, 513)
+    assert shard.tokens[0, 0] == tok.role_ids["system"]  # a conversation starts at position 0
+    assert shard.transcripts > 0 and shard.text_tokens > 0
+    assert (shard.tokens < tok.vocab_size).all()
+    again = packer.shard(0, 512)
+    assert np.array_equal(shard.tokens, again.tokens)
+    stream = DataStream(packer)
+    rows, classes = stream.next(2, 512)
+    assert rows.shape == (2, 513)
+    w = loss_weights(classes, assistant_weight=2.0)
+    assert w.shape == (2, 512) and set(np.unique(w)) <= {1.0, 2.0}
+    assert CLS_TEXT in classes
+    # resuming at a data position yields the same next batch
+    stream.next(2, 512)
+    nxt = stream.next(2, 512)[0]
+    resumed = DataStream(packer, 1, 0).next(2, 512)[0]
+    assert np.array_equal(nxt, resumed)
+
+
+def test_schedule():
+    assert parse_curriculum("1024:0.3", 2048) == [(0.3, 1024), (1.0, 2048)]
+    assert lr_at(0, 0.0, lr=1e-3, warmup=10, min_ratio=0.1) == pytest.approx(1e-4)
+    assert lr_at(100, 0.0, lr=1e-3, warmup=10, min_ratio=0.1) == pytest.approx(1e-3)
+    assert lr_at(100, 1.0, lr=1e-3, warmup=10, min_ratio=0.1) == pytest.approx(1e-4)
+
+
+def test_agent_eval_harness_with_the_worked_solutions():
+    lookup = {}
+    for s in range(12):
+        tr = make_transcript(s, "test")
+        lookup[tr.task.messages[-1].content] = tr.messages[len(tr.task.messages):]
+    result = run_agent_eval(oracle_generate(lookup), 12)
+    assert result["task_success_rate"] == 1.0
+    assert result["well_formed_tool_call_rate"] == 1.0
+    assert result["mean_turns"] > 1
+
+    def broken(messages, tools):
+        return '<|tool_call|>{"name": "kv_get", "arguments": {"key": 1}}<|end_tool_call|>' \
+            '<|tool_call|>{"nam<|end_tool_call|>'
+
+    bad = run_agent_eval(broken, 3, max_turns=2)
+    assert bad["task_success_rate"] == 0.0
+    assert bad["tool_calls_attempted"] == 12 and bad["well_formed_tool_call_rate"] == 0.0
