@@ -118,9 +118,35 @@ def say(text: str) -> None:
 
 # --- entry point ---------------------------------------------------------------------------
 
+def _add_train_arguments(p: argparse.ArgumentParser) -> None:
+    from .training import train
+    train.add_arguments(p)
+
+
+def _run_train(args: argparse.Namespace) -> int:
+    from .training import train
+    train.run(args)
+    return 0
+
+
+def _add_evaluate_arguments(p: argparse.ArgumentParser) -> None:
+    from .training import evaluate
+    evaluate.add_arguments(p)
+
+
+def _run_evaluate(args: argparse.Namespace) -> int:
+    from .training import evaluate
+    evaluate.run(args)
+    return 0
+
+
 COMMANDS: dict[str, Command] = {
     "serve": ("serve the HTTP API (native session/directive endpoints + OpenAI-compatible /v1)",
               add_serve_arguments, run_serve),
+    "train": ("train the embedded default model from scratch on local data (resumable, time budget)",
+              _add_train_arguments, _run_train),
+    "evaluate": ("held-out perplexity and agent-loop evaluation of a model through the runtime",
+                 _add_evaluate_arguments, _run_evaluate),
 }
 
 

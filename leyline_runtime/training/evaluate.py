@@ -215,10 +215,18 @@ class RuntimeGenerator:
 # --------------------------------------------------------------------------- CLI
 
 
+DESCRIPTION = ("Held-out perplexity (vs the seeded random model) and agent-loop evaluation on test-split "
+               "synthetic tasks through the runtime.")
+
+
 def main(argv: list[str] | None = None) -> dict:
-    ap = argparse.ArgumentParser(prog="python -m leyline_runtime.training.evaluate",
-                                 description="Held-out perplexity (vs the seeded random model) and agent-loop "
-                                             "evaluation on test-split synthetic tasks through the runtime.")
+    ap = argparse.ArgumentParser(prog="python -m leyline_runtime.training.evaluate", description=DESCRIPTION)
+    add_arguments(ap)
+    return run(ap.parse_args(argv))
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    """The evaluator's flags (shared by ``leyline-runtime evaluate``)."""
     ap.add_argument("--model", default="default", help="model folder, or 'default' for the embedded model")
     ap.add_argument("--tasks", type=int, default=200, help="held-out tasks for the agent loop (0: skip)")
     ap.add_argument("--start", type=int, default=0, help="first test seed")
@@ -228,7 +236,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--records", action="store_true", help="keep per-task records in the JSON")
     ap.add_argument("--out", default=None, help="write the JSON here (default: stdout only)")
-    args = ap.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> dict:
     if args.threads:
         torch.set_num_threads(args.threads)
     path = None if args.model == "default" else args.model

@@ -267,6 +267,12 @@ def train(out_dir: str | Path, *, minutes: float = 70.0, seq_len: int = 2048, ba
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m leyline_runtime.training.train", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(ap)
+    return ap
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    """The trainer's flags (shared by ``leyline-runtime train``)."""
     ap.add_argument("--out", required=True, help="run folder (checkpoint.pt, model/)")
     ap.add_argument("--minutes", type=float, default=70.0, help="time budget; the LR decays to it")
     ap.add_argument("--seq-len", type=int, default=2048)
@@ -292,11 +298,13 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--tokenizer", default=str(DEFAULT_TOKENIZER))
     ap.add_argument("--export", default=None, help="also copy the final folder's files here")
     ap.add_argument("--eval-transcripts", type=int, default=32, help="held-out transcripts scored at the end")
-    return ap
 
 
 def main(argv: list[str] | None = None) -> dict:
-    args = build_parser().parse_args(argv)
+    return run(build_parser().parse_args(argv))
+
+
+def run(args: argparse.Namespace) -> dict:
     return train(args.out, minutes=args.minutes, seq_len=args.seq_len, batch=args.batch, accum=args.accum,
                  lr=args.lr, min_lr_ratio=args.min_lr_ratio, warmup_steps=args.warmup_steps,
                  weight_decay=args.weight_decay, grad_clip=args.grad_clip, dtype=args.dtype,
