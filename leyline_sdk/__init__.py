@@ -31,6 +31,7 @@ from .errors import (
     VersionConflict,
     error_for,
 )
+from .memory import TOOLS_MESSAGE_ID, CallStats, EditRecord, LeylineMemory, ThreadStats
 from .policy import (
     EditContext,
     EditReason,
@@ -70,12 +71,14 @@ from .protocol import (
 
 __all__ = [
     "ERROR_CLASSES",
+    "TOOLS_MESSAGE_ID",
     "APIConnectionError",
     "APIStatusError",
     "APITimeoutError",
     "AppendRequest",
     "AppendResult",
     "AsyncLeylineClient",
+    "CallStats",
     "CapacityExceeded",
     "Directive",
     "DirectiveBatch",
@@ -83,6 +86,7 @@ __all__ = [
     "DirectiveResult",
     "EditContext",
     "EditReason",
+    "EditRecord",
     "ErrorBody",
     "ErrorDetail",
     "FunctionCall",
@@ -92,6 +96,7 @@ __all__ = [
     "InvalidSpan",
     "LeylineClient",
     "LeylineError",
+    "LeylineMemory",
     "Message",
     "Mode",
     "ModePolicy",
@@ -106,6 +111,7 @@ __all__ = [
     "SessionNotFound",
     "Span",
     "SpanUnit",
+    "ThreadStats",
     "TokenLogprob",
     "ToolCall",
     "TopLogprob",

@@ -1,0 +1,245 @@
+"""A LangGraph agent whose history edits cost directives, not re-prefills.
+
+    python examples/langgraph_agent.py [--trace-out trace.jsonl] [--max-tokens 8]
+
+Starts the Leyline runtime in-process (``create_app`` + ``httpx.ASGITransport``)
+or uses the one at ``LEYLINE_BASE_URL``. The agent (``langchain.agents.create_agent``)
+has two real tools, ``calculator`` and ``read_file``, and edits its history the
+way agents do:
+
+* a failed tool call is retried, and once the retry worked the failed call and
+  its error are dropped from the state (``RemoveMessage``);
+* a long tool output is truncated once two newer outputs follow it;
+* old tool outputs are cleared by ``ContextEditingMiddleware(ClearToolUsesEdit(...))``.
+
+Every model call goes through the runtime session of the thread; Leyline's
+middleware (last in the list) turns each edit into a directive. Per model call
+it prints the directives sent and the tokens reused / rotated / recomputed next
+to what a full re-prefill would have cost; at the end the totals, including
+what a prefix cache alone would have reused (measured by the runtime).
+
+The embedded default model may be an untrained (seeded random) model that
+cannot call tools. When the model's reply holds no tool call, the next step of
+a fixed plan is substituted for it and the output says so (SCRIPTED). The
+prompts still all go through the runtime; the substitution is itself an edit
+of the history (the generated reply is replaced), so it shows up as a directive.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import asyncio
+import json
+import operator
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from langchain.agents import create_agent
+from langchain.agents.middleware import AgentMiddleware, ClearToolUsesEdit, ContextEditingMiddleware
+from langchain_core.messages import AIMessage, RemoveMessage, ToolMessage
+from langchain_core.tools import ToolException, tool
+from langgraph.checkpoint.memory import InMemorySaver
+
+from leyline_sdk import AsyncLeylineClient, CallStats, LeylineMemory, Message
+
+WORKDIR = Path(tempfile.mkdtemp(prefix="leyline-agent-"))
+TRUNCATE_LINES = 6  # a long tool output is cut to this many lines ...
+KEEP_FULL = 2  # ... once this many newer outputs follow it
+
+# --- tools ---------------------------------------------------------------------------------
+
+_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
+        ast.Div: operator.truediv, ast.Pow: operator.pow, ast.USub: operator.neg}
+
+
+def _eval(node: ast.AST) -> float:
+    if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)):
+        return node.value
+    if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
+        return _OPS[type(node.op)](_eval(node.left), _eval(node.right))
+    if isinstance(node, ast.UnaryOp) and type(node.op) in _OPS:
+        return _OPS[type(node.op)](_eval(node.operand))
+    raise ToolException(f"unsupported expression element: {ast.dump(node)[:40]}")
+
+
+@tool
+def calculator(expression: str) -> str:
+    """Evaluate an arithmetic expression (+ - * / ** and parentheses)."""
+    try:
+        return repr(round(_eval(ast.parse(expression, mode="eval").body), 6))
+    except SyntaxError as exc:
+        raise ToolException(f"not an expression: {exc.msg}") from None
+
+
+@tool
+def read_file(path: str) -> str:
+    """Read a text file from the working directory."""
+    file = (WORKDIR / path).resolve()
+    if WORKDIR.resolve() not in file.parents or not file.is_file():
+        names = ", ".join(sorted(p.name for p in WORKDIR.iterdir()))
+        raise ToolException(f"Error: no file {path!r}. Files: {names}")
+    return file.read_text()
+
+
+calculator.handle_tool_error = True
+read_file.handle_tool_error = True
+
+
+def make_workdir() -> None:
+    (WORKDIR / "config.ini").write_text("[order]\ncurrency = EUR\ndiscount = 0.15\nshipping = 7.5\n")
+    rows = ["item,unit_price,quantity"] + [
+        f"part-{i:02d},{(i * 7) % 23 + 1.25:.2f},{(i * 3) % 5 + 1}" for i in range(40)]
+    (WORKDIR / "prices.csv").write_text("\n".join(rows) + "\n")
+    notes = [f"{d}: customer asked about part-{(d * 5) % 40:02d}, answered by ops" for d in range(1, 13)]
+    (WORKDIR / "notes.txt").write_text("\n".join(notes) + "\n")
+
+
+# --- the agent's own history edits (in the graph state) ------------------------------------
+
+
+class HistoryEditor(AgentMiddleware):
+    """Before each model call: drop failed attempts that a retry fixed, truncate old long outputs."""
+
+    def before_model(self, state: dict[str, Any], runtime: Any) -> dict[str, Any] | None:
+        messages = state["messages"]
+        edits: list[Any] = []
+        results = {m.tool_call_id: m for m in messages if isinstance(m, ToolMessage)}
+        calls = [(m, c) for m in messages if isinstance(m, AIMessage) for c in m.tool_calls]
+        for i, (ai, call) in enumerate(calls):
+            result = results.get(call["id"])
+            retried = any(later["name"] == call["name"] and getattr(results.get(later["id"]), "status", "")
+                          == "success" for _, later in calls[i + 1:])
+            if result is not None and result.status == "error" and retried and len(ai.tool_calls) == 1:
+                edits += [RemoveMessage(id=ai.id), RemoveMessage(id=result.id)]
+        tool_messages = [m for m in messages if isinstance(m, ToolMessage)]
+        for m in tool_messages[:-KEEP_FULL]:  # every output but the newest ones
+            lines = m.text.splitlines()
+            if len(lines) > TRUNCATE_LINES + 1:
+                kept = "\n".join(lines[:TRUNCATE_LINES])
+                edits.append(m.model_copy(update={
+                    "content": f"{kept}\n[... {len(lines) - TRUNCATE_LINES} more lines truncated]"}))
+        return {"messages": edits} if edits else None
+
+
+# --- stand-in decisions for a model that cannot call tools yet -----------------------------
+
+PLAN = [
+    ("read_file", {"path": "config.txt"}),  # fails: the file is config.ini
+    ("read_file", {"path": "config.ini"}),
+    ("read_file", {"path": "prices.csv"}),
+    ("read_file", {"path": "notes.txt"}),
+    ("calculator", {"expression": "2.25 * 1 + 9.25 * 4 + 16.25 * 2"}),
+    ("calculator", {"expression": "70.75 * (1 - 0.15)"}),
+    ("calculator", {"expression": "60.1375 + 7.5"}),
+]
+
+
+class ScriptedDecisions(AgentMiddleware):
+    """When the model's reply holds no tool call, substitute the plan's next step (loudly)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.step = 0
+
+    async def awrap_model_call(self, request: Any, handler: Any) -> Any:
+        response = await handler(request)
+        reply = response.result[0]
+        if reply.tool_calls or self.step >= len(PLAN):
+            return response
+        name, args = PLAN[self.step]
+        self.step += 1
+        print(f"  !! SCRIPTED: the model wrote {reply.text[:40]!r} (no tool call); "
+              f"substituting step {self.step}: {name}({json.dumps(args)})")
+        scripted = AIMessage(content="", id=reply.id, tool_calls=[
+            {"name": name, "args": args, "id": f"call_plan_{self.step}", "type": "tool_call"}])
+        response.result[0] = scripted
+        return response
+
+
+# --- reporting -------------------------------------------------------------------------------
+
+
+class Report:
+    def __init__(self) -> None:
+        self.turns: list[list[dict[str, Any]]] = []
+
+    def __call__(self, call: CallStats, prompt: list[Message]) -> None:
+        self.turns.append([m.model_dump(exclude_none=True) for m in prompt])
+        edits = ", ".join(f"{e.applied_mode} {e.reason or ''} [{e.start},{e.end})->{e.replacement} d={e.delta:+d}"
+                          for e in call.edits) or "none"
+        print(f"model call {len(self.turns)}: {len(prompt)} messages, {call.prompt_tokens} prompt tokens"
+              f"{' (session built)' if call.built else ''}")
+        print(f"  directives sent: {call.directives} ({edits})")
+        print(f"  tokens reused {call.reused_tokens}, rotated {call.rotated_tokens}, "
+              f"recomputed {call.recomputed_tokens}, new {call.prefilled_tokens} | "
+              f"a re-prefill would cost {call.reprefill_tokens}, a prefix cache would reuse "
+              f"{call.prefix_cache_tokens}")
+
+
+# --- wiring ------------------------------------------------------------------------------------
+
+
+def leyline_client() -> AsyncLeylineClient:
+    """The runtime at LEYLINE_BASE_URL, or an embedded one (in-process, ASGI transport)."""
+    if os.environ.get("LEYLINE_BASE_URL"):
+        return AsyncLeylineClient()
+    import httpx
+
+    from leyline_runtime import create_app
+
+    app = create_app()
+    return AsyncLeylineClient("http://leyline.local", transport=httpx.ASGITransport(app=app), timeout=300)
+
+
+async def run(args: argparse.Namespace) -> Report:
+    make_workdir()
+    report = Report()
+    memory = LeylineMemory(leyline_client(), on_call=report)
+
+    agent = create_agent(
+        model=memory.chat_model(max_tokens=args.max_tokens),
+        tools=[calculator, read_file],
+        system_prompt="You are an order assistant. Use read_file and calculator; answer with the total.",
+        middleware=[
+            ScriptedDecisions(),
+            HistoryEditor(),
+            ContextEditingMiddleware(edits=[ClearToolUsesEdit(trigger=args.clear_trigger, keep=3)]),
+            memory.middleware(),  # last: it sees the view the model gets
+        ],
+        checkpointer=InMemorySaver(),
+    )
+    config = {"configurable": {"thread_id": "order-42"}}
+    task = "What does the order in prices.csv cost with the discount and shipping from the config?"
+    result = await agent.ainvoke({"messages": [("user", task)]}, config)
+
+    totals = memory.stats("order-42")
+    print(f"\nfinal answer (model output): {result['messages'][-1].text[:80]!r}")
+    print(f"totals over {totals.model_calls} model calls, {totals.directives} directives:")
+    print(f"  total prompt tokens (what re-prefilling every call costs): {totals.prompt_tokens}")
+    print(f"  reused by Leyline (kept {totals.reused_tokens} + rotated {totals.rotated_tokens}): "
+          f"{totals.leyline_reused_tokens} ({totals.leyline_reused_tokens / totals.prompt_tokens:.1%})")
+    print(f"  a prefix cache alone would have reused: {totals.prefix_cache_tokens} "
+          f"({totals.prefix_cache_tokens / totals.prompt_tokens:.1%})")
+    print(f"  computed by Leyline: recomputed {totals.recomputed_tokens} + new {totals.prefilled_tokens}")
+    return report
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--trace-out", help="write the per-call histories as one JSONL trace")
+    parser.add_argument("--max-tokens", type=int, default=8, help="tokens per model reply")
+    parser.add_argument("--clear-trigger", type=int, default=200,
+                        help="ClearToolUsesEdit trigger (approximate tokens)")
+    args = parser.parse_args(argv)
+    report = asyncio.run(run(args))
+    if args.trace_out:  # one JSONL line in the bench's trace format
+        trace = {"name": "langgraph_agent", "turns": report.turns}
+        Path(args.trace_out).write_text(json.dumps(trace, ensure_ascii=False) + "\n")
+        print(f"trace ({len(report.turns)} turns) written to {args.trace_out}")
+
+
+if __name__ == "__main__":
+    main()
