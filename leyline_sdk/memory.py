@@ -89,7 +89,37 @@ class EditRecord:
 
 
 @dataclass
-class CallStats:
+class TokenTally:
+    """Token counters shared by one call's and one thread's statistics."""
+
+    directives: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    reused_tokens: int = 0
+    rotated_tokens: int = 0
+    recomputed_tokens: int = 0
+    prefilled_tokens: int = 0
+    prefix_cache_tokens: int = 0
+    resyncs: int = 0  # times the session was re-read (version conflict, adoption)
+    rebuilds: int = 0  # times a lost or refused session was rebuilt
+
+    @property
+    def leyline_reused_tokens(self) -> int:
+        """Prompt tokens the runtime did not compute (kept + rotated)."""
+        return self.reused_tokens + self.rotated_tokens
+
+    @property
+    def reprefill_tokens(self) -> int:
+        """What a full re-prefill of the prompt(s) would have cost."""
+        return self.prompt_tokens
+
+    @property
+    def computed_tokens(self) -> int:
+        return self.recomputed_tokens + self.prefilled_tokens
+
+
+@dataclass(kw_only=True)
+class CallStats(TokenTally):
     """One model call: what it cost and what it would have cost.
 
     ``prompt_tokens`` is the prompt the model attended to (the session's tokens
@@ -107,67 +137,18 @@ class CallStats:
 
     thread_id: str
     session_id: str
-    directives: int = 0
     edits: list[EditRecord] = field(default_factory=list)
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    reused_tokens: int = 0
-    rotated_tokens: int = 0
-    recomputed_tokens: int = 0
-    prefilled_tokens: int = 0
-    prefix_cache_tokens: int = 0
     built: bool = False  # the session was created (first call or rebuild) during this call
-    resyncs: int = 0  # times the session was re-read (version conflict, adoption)
-    rebuilds: int = 0  # times a lost or refused session was rebuilt
-
-    @property
-    def leyline_reused_tokens(self) -> int:
-        """Prompt tokens the runtime did not compute for this call (kept + rotated)."""
-        return self.reused_tokens + self.rotated_tokens
-
-    @property
-    def reprefill_tokens(self) -> int:
-        """What a full re-prefill of this call's prompt would have cost."""
-        return self.prompt_tokens
-
-    @property
-    def computed_tokens(self) -> int:
-        return self.recomputed_tokens + self.prefilled_tokens
 
 
 @dataclass
-class ThreadStats:
+class ThreadStats(TokenTally):
     """Totals over a thread's model calls (and directives sent so far)."""
 
     model_calls: int = 0
-    directives: int = 0
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    reused_tokens: int = 0
-    rotated_tokens: int = 0
-    recomputed_tokens: int = 0
-    prefilled_tokens: int = 0
-    prefix_cache_tokens: int = 0
-    resyncs: int = 0
-    rebuilds: int = 0
-
-    @property
-    def leyline_reused_tokens(self) -> int:
-        return self.reused_tokens + self.rotated_tokens
-
-    @property
-    def reprefill_tokens(self) -> int:
-        """What re-prefilling every call's full prompt would have cost."""
-        return self.prompt_tokens
-
-    @property
-    def computed_tokens(self) -> int:
-        return self.recomputed_tokens + self.prefilled_tokens
 
     def add(self, call: CallStats) -> None:
-        for f in fields(self):
-            if f.name == "model_calls":
-                continue
+        for f in fields(TokenTally):
             setattr(self, f.name, getattr(self, f.name) + getattr(call, f.name))
         self.model_calls += 1
 
