@@ -26,7 +26,7 @@ from .kv_cache import BlockTable
 from .session import Session
 from .tokenizer import ChatTokenizer
 
-KEPT, PREFILL = 0, 1
+PREFILL = -1  # Plan.old_pos of a row that is computed, not moved
 
 
 @dataclass
@@ -60,8 +60,8 @@ class Plan:
     messages: list[Message]
     message_tokens: list[list[int]]
     tokens: list[int]
-    # per new position: (KEPT, old position) or (PREFILL, -1)
-    source: list[tuple[int, int]]
+    # per new position: the old position its row moves from, or PREFILL
+    old_pos: torch.Tensor
     edits: list[TokenEdit]
     first_change: int  # first new position whose row is not the old row at that position
     outcomes: list[DirectiveOutcome] = field(default_factory=list)
@@ -187,52 +187,47 @@ class DirectiveExecutor:
             message_tokens[e.start:e.end] = e.tokens
         old_tokens = session.tokens
         tokens: list[int] = []
-        source: list[tuple[int, int]] = []
+        pieces: list[torch.Tensor] = []  # old position per new position, PREFILL for new rows
         forget_from = None
         cursor = 0
         for t in token_edits:
-            kept = range(cursor, t.old_start)
-            source.extend((KEPT, p) for p in kept)
+            pieces.append(torch.arange(cursor, t.old_start))
             tokens.extend(old_tokens[cursor:t.old_start])
             if t.applied_mode == "forget" and forget_from is None:
                 forget_from = len(tokens)
             tokens.extend(t.new_tokens)
-            source.extend((PREFILL, -1) for _ in t.new_tokens)
+            pieces.append(torch.full((len(t.new_tokens),), PREFILL))
             cursor = t.old_end
-        source.extend((KEPT, p) for p in range(cursor, len(old_tokens)))
+        pieces.append(torch.arange(cursor, len(old_tokens)))
         tokens.extend(old_tokens[cursor:])
+        old_pos = torch.cat(pieces).long()
         if forget_from is not None:
-            source[forget_from:] = [(PREFILL, -1)] * (len(source) - forget_from)
-        first_change = next((i for i, (kind, p) in enumerate(source) if kind == PREFILL or p != i), len(source))
-        if len(tokens) != len(old_tokens) and first_change == len(source):
-            first_change = min(len(tokens), len(old_tokens))
-        plan = Plan(messages, message_tokens, tokens, source, token_edits, first_change)
-        plan.outcomes = self._outcomes(plan, len(old_tokens))
+            old_pos[forget_from:] = PREFILL
+        changed = (old_pos != torch.arange(len(old_pos))).nonzero()
+        first_change = int(changed[0]) if len(changed) else min(len(tokens), len(old_tokens))
+        plan = Plan(messages, message_tokens, tokens, old_pos, token_edits, first_change)
+        plan.outcomes = self._outcomes(plan)
         return plan
 
-    def _outcomes(self, plan: Plan, old_len: int) -> list[DirectiveOutcome]:
+    @staticmethod
+    def _outcomes(plan: Plan) -> list[DirectiveOutcome]:
         """Attribute every new position to the edit whose region (its start up to the next edit) holds it."""
         edits = plan.edits
-        results: dict[int, DirectiveOutcome] = {}
         new_start, shift = [], 0
         for t in edits:
             new_start.append(t.old_start + shift)
             shift += t.delta
+        bounds = new_start + [len(plan.tokens)]
+        positions = torch.arange(len(plan.tokens))
+        results: dict[int, DirectiveOutcome] = {}
         for k, t in enumerate(edits):
-            region_end = new_start[k + 1] if k + 1 < len(edits) else len(plan.tokens)
-            reused = rotated = recomputed = 0
-            for pos in range(new_start[k], region_end):
-                kind, old = plan.source[pos]
-                if kind == PREFILL:
-                    recomputed += 1
-                elif old != pos:
-                    rotated += 1
-                else:
-                    reused += 1
+            region = plan.old_pos[bounds[k]:bounds[k + 1]]
+            recomputed = int((region == PREFILL).sum())
+            reused = int((region == positions[bounds[k]:bounds[k + 1]]).sum())
             results[t.edit.index] = DirectiveOutcome(
                 requested_mode=t.edit.mode, applied_mode=t.applied_mode, fallback_reason=t.fallback_reason,
                 token_start=t.old_start, token_end=t.old_end, delta=t.delta, reused_tokens=reused,
-                rotated_tokens=rotated, recomputed_tokens=recomputed)
+                rotated_tokens=len(region) - recomputed - reused, recomputed_tokens=recomputed)
         return [results[i] for i in sorted(results)]
 
     # -- execution -----------------------------------------------------------------
@@ -255,35 +250,36 @@ class DirectiveExecutor:
         self._commit(session, new_table, plan)
 
     def _splice(self, old_table: BlockTable, new_table: BlockTable, plan: Plan, start: int, rotate: bool) -> None:
-        moves = [(p, old) for p, (kind, old) in enumerate(plan.source[start:], start) if kind == KEPT]
-        if not moves:
+        new_pos = start + (plan.old_pos[start:] != PREFILL).nonzero().flatten()
+        if not len(new_pos):
             return
+        old_pos = plan.old_pos[new_pos]
         pool = self.engine.pool
         device = pool.rows.device
-        new_pos = torch.tensor([m[0] for m in moves], dtype=torch.long)
-        old_pos = torch.tensor([m[1] for m in moves], dtype=torch.long)
         dst = new_table.rows(0, new_table.capacity)[new_pos]
         src = old_table.rows(0, old_table.capacity)[old_pos]
         deltas = (new_pos - old_pos) if rotate else torch.zeros_like(new_pos)
-        layers = torch.arange(pool.layout.num_layers, dtype=torch.long)[:, None] * pool.rows_per_layer
-        src_all, dst_all = (layers + src).flatten(), (layers + dst).flatten()
-        delta_all = deltas.repeat(pool.layout.num_layers)
         layout = pool.layout
+        # One pass over all layers: layer l's rows sit l * rows_per_layer further on.
+        layers = torch.arange(layout.num_layers, dtype=torch.long)[:, None] * pool.rows_per_layer
+        src_all, dst_all = (layers + src).flatten(), (layers + dst).flatten()
         inv_freq = layout.inv_freq if layout.inv_freq is not None else torch.ones(1, dtype=torch.float64)
-        index, cos, sin = kernels.delta_rotation_table(delta_all, inv_freq, device)
+        index, cos, sin = kernels.delta_rotation_table(deltas, inv_freq, device)
         offset, width = layout.rotary_slices[0] if layout.rotary_slices else (0, 0)
         flat = pool.flat()
-        self.kernel(flat, flat, src_all.to(device), dst_all.to(device), index, cos, sin, offset, width)
+        self.kernel(flat, flat, src_all.to(device), dst_all.to(device), index.repeat(layout.num_layers),
+                    cos, sin, offset, width)
 
     def _prefill_runs(self, table: BlockTable, plan: Plan, start: int) -> None:
-        pos = start
-        n = len(plan.tokens)
+        """Prefill each run of new rows, in position order (each sees every row before it)."""
+        new = (plan.old_pos == PREFILL).tolist()
+        pos, n = start, len(plan.tokens)
         while pos < n:
-            if plan.source[pos][0] != PREFILL:
+            if not new[pos]:
                 pos += 1
                 continue
             end = pos
-            while end < n and plan.source[end][0] == PREFILL:
+            while end < n and new[end]:
                 end += 1
             self.engine.prefill(table, plan.tokens[pos:end], pos, logits="none")
             pos = end
