@@ -1,0 +1,239 @@
+"""``leyline-bench edit``: the latency of one history edit, Leyline vs re-prefill vs transformers.
+
+For each context × edit position × span: one cached session of the original
+history; then, interleaved per repetition (order rotated), the arms
+
+* ``amortize`` / ``forget`` — ``Runtime.apply`` on a fork of that session;
+* ``full`` — a fresh session of the edited history (prefill everything);
+* ``peer_full`` — transformers ``DeepseekV3ForCausalLM`` prefilling the edited history;
+* ``peer_crop`` — the same model cropping its ``DynamicCache`` of the old history at
+  the first changed token and prefilling the rest.
+
+``peer`` is the better of the two peer arms (by median). Reported: medians and
+ratios to amortize.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+
+import torch
+
+from leyline_sdk.diff import apply_directives
+from leyline_sdk.protocol import DirectiveBatch, SessionCreate
+
+from ..model import load_model
+from ..runtime import Runtime, RuntimeConfig
+from . import plots
+from .forking import fork_session
+from .histories import history_of_length, make_edit
+from .machine import runtime_info
+from .output import md_table, write_results
+from .peer import TransformersPeer, checkpoint_folder, scratch_dir
+from .stats import median, ratio, rotated, timed
+
+TENANT = "__bench_edit__"
+LEYLINE_ARMS = ("amortize", "forget", "full")
+PEER_ARMS = ("peer_full", "peer_crop")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("edit", help="latency of one edit: amortize / forget / full re-prefill / transformers peer")
+    p.add_argument("--contexts", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192])
+    p.add_argument("--positions", type=float, nargs="+", default=[0.1, 0.5, 0.9])
+    p.add_argument("--spans", nargs="+", default=["message", "10pct"], choices=["message", "10pct"])
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--no-peer", action="store_true", help="skip the transformers peer")
+    p.add_argument("--model", default=None, help="model folder (default: the embedded default model)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.set_defaults(run=run, quick_overrides={"contexts": [512], "positions": [0.5], "spans": ["message"],
+                                             "reps": 1})
+
+
+def _flat(tok, messages) -> list[int]:
+    return [t for ids in tok.encode_messages(messages) for t in ids]
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+class EditCell:
+    """One (context, position, span) cell: the edit, its arms, their samples."""
+
+    def __init__(self, runtime: Runtime, peer, base_id: str, history, peer_cache, spec):
+        self.runtime, self.peer, self.base_id, self.spec = runtime, peer, base_id, spec
+        tok = runtime.tokenizer
+        self.edited = apply_directives(history, [spec.directive])
+        self.old_ids, self.new_ids = _flat(tok, history), _flat(tok, self.edited)
+        self.keep = _common_prefix(self.old_ids, self.new_ids)
+        self.peer_cache = peer_cache
+        self.outcomes: dict[str, dict] = {}
+
+    def arms(self) -> tuple[str, ...]:
+        return LEYLINE_ARMS + (PEER_ARMS if self.peer is not None else ())
+
+    def measure(self, arm: str) -> float:
+        gc.collect()
+        if arm in ("amortize", "forget"):
+            return self._apply(arm)
+        if arm == "full":
+            seconds, info = timed(lambda: self.runtime.create_session(SessionCreate(messages=self.edited), TENANT))
+            self.runtime.delete_session(info.session_id, TENANT)
+            return seconds
+        if arm == "peer_full":
+            return timed(lambda: self.peer.prefill(self.new_ids))[0]
+        cache = self.peer.copy_cache(self.peer_cache)
+        return timed(lambda: self.peer.crop_and_prefill(cache, self.new_ids, self.keep))[0]
+
+    def _apply(self, mode: str) -> float:
+        fork = fork_session(self.runtime, self.base_id, TENANT)
+        directive = self.spec.directive.model_copy(update={"mode": mode})
+        try:
+            seconds, result = timed(lambda: self.runtime.apply(
+                DirectiveBatch(session_id=fork, directives=[directive]), TENANT))
+        finally:
+            self.runtime.delete_session(fork, TENANT)
+        self.outcomes[mode] = result.outcomes[0].model_dump()
+        return seconds
+
+
+def _summarise(cell: EditCell, context: int, samples: dict[str, list[float]]) -> dict:
+    med = {arm: median(v) for arm, v in samples.items()}
+    if "peer_full" in med:
+        med["peer"] = min(med["peer_full"], med["peer_crop"])
+    base = med["amortize"]
+    am = cell.outcomes.get("amortize", {})
+    return {
+        "context": context, "position": cell.spec.position, "span": cell.spec.span,
+        "edit": {"start_token": cell.spec.start_token, "span_tokens": cell.spec.span_tokens,
+                 "delta": am.get("delta"), "first_changed_token": cell.keep,
+                 "rotated_tokens": am.get("rotated_tokens"), "recomputed_tokens": am.get("recomputed_tokens"),
+                 "applied_mode": am.get("applied_mode"), "fallback_reason": am.get("fallback_reason"),
+                 "forget_recomputed_tokens": cell.outcomes.get("forget", {}).get("recomputed_tokens")},
+        "median_s": med,
+        "ratio_to_amortize": {arm: ratio(v, base) for arm, v in med.items() if arm != "amortize"},
+        "samples_s": samples,
+    }
+
+
+def _run_cell(cell: EditCell, context: int, reps: int) -> dict:
+    samples: dict[str, list[float]] = {arm: [] for arm in cell.arms()}
+    for r in range(reps):
+        for arm in rotated(cell.arms(), r):
+            samples[arm].append(cell.measure(arm))
+    return _summarise(cell, context, samples)
+
+
+def _context_cells(runtime, peer, n: int, args, log) -> list[dict]:
+    tok = runtime.tokenizer
+    history = history_of_length(tok, n)
+    base_id = runtime.create_session(SessionCreate(messages=history), TENANT).session_id
+    peer_cache = peer.prefill(_flat(tok, history)) if peer is not None else None
+    cells = []
+    try:
+        for position in args.positions:
+            for span in args.spans:
+                try:
+                    spec = make_edit(tok, history, position, span)
+                except ValueError as e:  # this history has no such edit
+                    log(f"edit ctx={n} pos={position} span={span}: skipped: {e}")
+                    continue
+                cell = EditCell(runtime, peer, base_id, history, peer_cache, spec)
+                cells.append(_run_cell(cell, n, args.reps))
+                log(_line(cells[-1]))
+    finally:
+        runtime.delete_session(base_id, TENANT)
+    return cells
+
+
+def _line(c: dict) -> str:
+    m, r = c["median_s"], c["ratio_to_amortize"]
+    peer = f" peer {m['peer'] * 1000:.0f} ms ({r['peer']:.0f}x)" if "peer" in m else ""
+    return (f"edit ctx={c['context']} pos={c['position']} span={c['span']}: amortize {m['amortize'] * 1000:.1f} ms, "
+            f"forget {m['forget'] * 1000:.0f} ms ({r['forget']:.0f}x), full {m['full'] * 1000:.0f} ms "
+            f"({r['full']:.0f}x){peer}")
+
+
+def _warm_up(runtime, peer, n: int) -> None:
+    """One untimed round of every arm on the smallest context: first calls pay one-time costs."""
+    if n:
+        warm = argparse.Namespace(positions=[0.5], spans=["message"], reps=1)
+        _context_cells(runtime, peer, n, warm, log=lambda _: None)
+
+
+def run(args, log=print) -> dict:
+    model = load_model(args.model, dtype=DTYPES[args.dtype])
+    limit = model.config.max_position_embeddings
+    fits = [n for n in args.contexts if n <= limit] or [0]
+    # base session + one fork + the fresh full session + forget's fresh blocks
+    runtime = Runtime(RuntimeConfig(model_path=args.model, dtype=args.dtype,
+                                    max_cache_tokens=4 * max(fits) + 256), model=model)
+    skipped = [{"context": n, "note": f"skipped: exceeds the model's max_position_embeddings ({limit})"}
+               for n in args.contexts if n > limit]
+    with scratch_dir() as scratch:
+        peer = None
+        if not args.no_peer:
+            peer = TransformersPeer(checkpoint_folder(args.model, runtime.model, scratch), runtime.model.dtype)
+        if not args.quick:
+            _warm_up(runtime, peer, min(fits))
+        cells = [c for n in args.contexts if n <= limit for c in _context_cells(runtime, peer, n, args, log)]
+    keys = ("contexts", "positions", "spans", "reps", "no_peer", "model", "dtype")
+    result = {"benchmark": "edit", "settings": {k: getattr(args, k) for k in keys},
+              "runtime": runtime_info(runtime), "cells": cells, "skipped": skipped,
+              "notes": _notes(skipped)}
+    payload = write_results(args.out, "edit", result, "leyline-bench edit", _markdown(cells, skipped))
+    _plot(args.out, cells)
+    return payload
+
+
+def _notes(skipped) -> list[str]:
+    notes = ["Arms interleaved per repetition (order rotated); times are medians in seconds.",
+             "amortize/forget run on an exact fork (row copy) of one cached session of the original history.",
+             "peer = min(median peer_full, median peer_crop): transformers DeepseekV3ForCausalLM, same weights."]
+    return notes + [s["note"] + f" (context {s['context']})" for s in skipped]
+
+
+def _ms(medians: dict, arm: str) -> float | None:
+    return medians[arm] * 1000 if medians.get(arm) is not None else None
+
+
+def _markdown(cells, skipped) -> str:
+    headers = ["context", "position", "edit at token", "span", "δ", "amortize ms", "forget ms", "full ms", "peer ms",
+               "forget/amortize", "full/amortize", "peer/amortize"]
+    rows = []
+    for c in cells:
+        r = c["ratio_to_amortize"]
+        ms = [_ms(c["median_s"], arm) for arm in ("amortize", "forget", "full", "peer")]
+        rows.append([c["context"], f"{c['position']:.0%}", c["edit"]["start_token"], c["span"], c["edit"]["delta"], *ms,
+                     r.get("forget"), r.get("full"), r.get("peer")])
+    text = md_table(headers, rows)
+    if skipped:
+        text += "\n\n" + "\n".join(f"- context {s['context']}: {s['note']}" for s in skipped)
+    return text + "\n\n![edit latency](edit_latency.png)\n![edit ratio](edit_ratio.png)\n"
+
+
+def _plot(out, cells) -> None:
+    if not cells:
+        return
+    contexts = sorted({c["context"] for c in cells})
+    first = (cells[0]["position"], cells[0]["span"])
+
+    def at(c, key):
+        return next((x for x in cells if x["context"] == c and (x["position"], x["span"]) == key), None)
+
+    arms = [a for a in ("amortize", "forget", "full", "peer") if a in cells[0]["median_s"]]
+    series = {a: [(at(c, first) or {}).get("median_s", {}).get(a) for c in contexts] for a in arms}
+    plots.lines(f"{out}/edit_latency.png", f"latency of one edit at {first[0]:.0%}, span {first[1]} (median)",
+                contexts, series, "context (tokens)", "seconds", logx=True, logy=True)
+    keys = sorted({(c["position"], c["span"]) for c in cells})
+    arm = "peer" if "peer" in cells[0]["median_s"] else "forget"
+    ratios = {f"{pos:.0%} {span}": [(at(c, (pos, span)) or {}).get("ratio_to_amortize", {}).get(arm)
+                                    for c in contexts] for pos, span in keys}
+    plots.lines(f"{out}/edit_ratio.png", f"{arm} / amortize (median latency ratio)", contexts, ratios,
+                "context (tokens)", "× slower than amortize", logx=True, logy=True)

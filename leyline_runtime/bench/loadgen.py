@@ -1,0 +1,99 @@
+"""Concurrent agent sessions against a runtime over HTTP: edit + generate loops.
+
+Each simulated agent creates a session with a short agent history, then
+loops: ``POST /sessions/{id}/generate`` with a new tool output appended, then
+``POST /directives`` clearing that output again (amortize) at the version the
+generate returned. Bounded by a loop count per session and a wall-clock
+deadline per level; loopback addresses only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from urllib.parse import urlparse
+
+import httpx
+
+from . import agent_text
+from .histories import PLACEHOLDER
+
+LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+
+
+def check_loopback(base_url: str) -> None:
+    host = urlparse(base_url).hostname
+    if host not in LOOPBACK:
+        raise ValueError(f"leyline-bench serve only loads loopback servers, not {host!r}")
+
+
+@dataclass
+class Recorder:
+    latencies: dict[str, list[float]] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+    loops: int = 0
+
+    async def call(self, client: httpx.AsyncClient, endpoint: str, method: str, url: str, **kw):
+        t0 = time.perf_counter()
+        try:
+            response = await client.request(method, url, **kw)
+        except httpx.HTTPError as e:
+            self.errors.append(f"{endpoint}: {type(e).__name__}: {e}")
+            return None
+        self.latencies.setdefault(endpoint, []).append(time.perf_counter() - t0)
+        if response.status_code >= 400:
+            self.errors.append(f"{endpoint}: HTTP {response.status_code}: {response.text[:200]}")
+            return None
+        return response
+
+
+def _history(k: int) -> list[dict]:
+    """A short agent history: the task and the first tool round of transcript ``k``."""
+    convo = agent_text.conversation(1000 + k)
+    first_tool = next(i for i, m in enumerate(convo) if m.role == "tool")
+    return [m.model_dump(exclude_none=True) for m in convo[: first_tool + 1]]
+
+
+def _tool_outputs(k: int, n: int) -> list[str]:
+    outs = [r.output.content for r in agent_text.rounds(2000 + k)]
+    outs = outs or ["ok"]
+    return [outs[i % len(outs)][:600] for i in range(n)]
+
+
+async def agent(client: httpx.AsyncClient, rec: Recorder, k: int, loops: int, deadline: float,
+                max_tokens: int) -> None:
+    r = await rec.call(client, "POST /sessions", "POST", "/sessions", json={"messages": _history(k)})
+    if r is None:
+        return
+    sid = r.json()["session_id"]
+    n = r.json()["num_messages"]
+    for out in _tool_outputs(k, loops):
+        if time.monotonic() > deadline:
+            break
+        msg = {"role": "user", "content": f"Tool result:\n{out}"}
+        g = await rec.call(client, "POST /sessions/{id}/generate", "POST", f"/sessions/{sid}/generate",
+                           json={"messages": [msg], "max_tokens": max_tokens, "temperature": 0.0})
+        if g is None:
+            break
+        edit = {"session_id": sid, "expected_version": g.json()["version"], "directives": [
+            {"span": {"start": n, "end": n + 1}, "replacement": [{"role": "user", "content": PLACEHOLDER}],
+             "mode": "amortize"}]}
+        if await rec.call(client, "POST /directives", "POST", "/directives", json=edit) is None:
+            break
+        n += 2
+        rec.loops += 1
+    await rec.call(client, "DELETE /sessions/{id}", "DELETE", f"/sessions/{sid}")
+
+
+async def run_level(base_url: str, sessions: int, loops: int, max_seconds: float, max_tokens: int,
+                    api_key: str | None = None) -> tuple[Recorder, float]:
+    check_loopback(base_url)
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    rec = Recorder()
+    timeout = httpx.Timeout(max_seconds + 60)
+    async with httpx.AsyncClient(base_url=base_url, headers=headers, timeout=timeout, trust_env=False) as client:
+        t0 = time.perf_counter()
+        deadline = time.monotonic() + max_seconds
+        await asyncio.gather(*(agent(client, rec, k, loops, deadline, max_tokens) for k in range(sessions)))
+        return rec, time.perf_counter() - t0

@@ -1,0 +1,95 @@
+"""``leyline-bench serve``: load on a running runtime — N concurrent edit+generate sessions.
+
+Without ``--base-url`` a runtime is started in-process (uvicorn on
+127.0.0.1, a free port, a background thread). Per concurrency level:
+throughput (loops/s and requests/s), p50/p95/p99 latency per endpoint, and
+errors (must be 0; the exit status is 1 otherwise).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+
+from ..runtime import RuntimeConfig
+from . import plots
+from .inproc import serve_in_thread
+from .loadgen import run_level
+from .output import md_table, write_results
+from .stats import percentile
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("serve", help="HTTP load: concurrent edit+generate sessions")
+    p.add_argument("--base-url", default=None, help="a running runtime on loopback (default: start one in-process)")
+    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 8, 16])
+    p.add_argument("--loops", type=int, default=4, help="edit+generate loops per session")
+    p.add_argument("--max-seconds", type=float, default=180.0, help="per level: no new loop after this")
+    p.add_argument("--max-tokens", type=int, default=8)
+    p.add_argument("--api-key", default=None)
+    p.add_argument("--model", default=None)
+    p.set_defaults(run=run, quick_overrides={"concurrency": [1, 2], "loops": 1, "max_tokens": 2})
+
+
+def _server(args):
+    if args.base_url:
+        return contextlib.nullcontext(args.base_url)
+    return serve_in_thread(RuntimeConfig(model_path=args.model, api_keys=[args.api_key] if args.api_key else []))
+
+
+def _level_stats(sessions: int, rec, wall: float) -> dict:
+    requests = sum(len(v) for v in rec.latencies.values())
+    return {
+        "sessions": sessions, "wall_s": wall, "loops": rec.loops, "requests": requests,
+        "loops_per_s": rec.loops / wall if wall else None, "requests_per_s": requests / wall if wall else None,
+        "errors": len(rec.errors), "error_samples": rec.errors[:10],
+        "latency_s": {ep: {"n": len(v), "p50": percentile(v, 50), "p95": percentile(v, 95), "p99": percentile(v, 99)}
+                      for ep, v in sorted(rec.latencies.items())},
+    }
+
+
+def run(args, log=print) -> dict:
+    api_key = args.api_key or (os.environ.get("LEYLINE_API_KEYS", "").split(",")[0].strip() or None)
+    args.api_key = api_key
+    levels = []
+    with _server(args) as base_url:
+        for n in args.concurrency:
+            rec, wall = asyncio.run(run_level(base_url, n, args.loops, args.max_seconds, args.max_tokens, api_key))
+            levels.append(_level_stats(n, rec, wall))
+            s = levels[-1]
+            log(f"serve sessions={n}: {s['loops']} loops in {wall:.1f} s ({s['requests_per_s']:.2f} req/s), "
+                f"errors {s['errors']}")
+    errors = sum(s["errors"] for s in levels)
+    result = {"benchmark": "serve", "base_url": args.base_url or "in-process",
+              "settings": {"concurrency": args.concurrency, "loops": args.loops, "max_seconds": args.max_seconds,
+                           "max_tokens": args.max_tokens},
+              "levels": levels, "errors": errors, "failed": errors > 0,
+              "notes": ["One loop = generate (append a tool result, max_tokens new tokens) + an amortize directive.",
+                        "The runtime serialises engine work: latency grows with sessions, throughput does not."]}
+    payload = write_results(args.out, "serve", result, "leyline-bench serve", _markdown(levels))
+    _plot(args.out, levels)
+    return payload
+
+
+def _markdown(levels) -> str:
+    endpoints = sorted({ep for s in levels for ep in s["latency_s"]})
+    headers = ["sessions", "loops/s", "req/s", "errors", *[f"{ep} p50/p95/p99 ms" for ep in endpoints]]
+    rows = []
+    for s in levels:
+        cells = []
+        for ep in endpoints:
+            q = s["latency_s"].get(ep)
+            cells.append("/".join(f"{q[k] * 1000:.0f}" for k in ("p50", "p95", "p99")) if q else None)
+        rows.append([s["sessions"], s["loops_per_s"], s["requests_per_s"], s["errors"], *cells])
+    return md_table(headers, rows) + "\n\n![serve latency](serve_latency.png)\n"
+
+
+def _plot(out, levels) -> None:
+    if not levels:
+        return
+    xs = [s["sessions"] for s in levels]
+    endpoints = sorted({ep for s in levels for ep in s["latency_s"]})
+    series = {f"{ep} p95": [s["latency_s"].get(ep, {}).get("p95") for s in levels] for ep in endpoints}
+    plots.lines(f"{out}/serve_latency.png", "p95 latency per endpoint", xs, series, "concurrent sessions",
+                "seconds", logy=True)
