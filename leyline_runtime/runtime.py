@@ -148,7 +148,6 @@ class Runtime:
                 self.stats.rotated_tokens += o.rotated_tokens
                 self.stats.recomputed_tokens += o.recomputed_tokens
                 self.stats.reused_tokens += o.reused_tokens
-            self.last_plan = plan
             return DirectiveResult(
                 session_id=session.session_id, version=session.version, num_tokens=session.num_tokens,
                 num_messages=len(session.messages), outcomes=plan.outcomes,
@@ -163,9 +162,9 @@ class Runtime:
             with self._using(session):
                 cached = session.num_tokens
                 prefilled = self._append(session, request.messages)
-                message, gen, prompt_len, header_prefill = self._generate(session, request, on_token)
-            usage = Usage(prompt_tokens=prompt_len, cached_tokens=cached,
-                          prefill_tokens=prefilled + header_prefill,
+                message, gen = self._generate(session, request, on_token)
+            prompt_len = cached + prefilled + 1  # + the assistant header
+            usage = Usage(prompt_tokens=prompt_len, cached_tokens=cached, prefill_tokens=prefilled + 1,
                           completion_tokens=len(gen.tokens),
                           total_tokens=prompt_len + len(gen.tokens))
             finish = "tool_calls" if message.tool_calls and gen.finish_reason == "stop" else gen.finish_reason
@@ -262,7 +261,8 @@ class Runtime:
         self.pool.free(extra)
 
     def _generate(self, session: Session, request: GenerateRequest,
-                  on_token: Callable[[int], None] | None = None):
+                  on_token: Callable[[int], None] | None = None) -> tuple[Message, Generation]:
+        """Generate one assistant message into the session (header, tokens, end marker)."""
         start = session.num_tokens
         header = self.tokenizer.role_ids["assistant"]
         blocks_before = len(session.table.blocks)
@@ -292,7 +292,7 @@ class Runtime:
         session.counters.reused_tokens += start
         self.stats.prefilled_tokens += 1
         self.stats.reused_tokens += start
-        return message, gen, start + 1, 1
+        return message, gen
 
     def _finish_message(self, session: Session, gen: Generation) -> tuple[Message, list[int]]:
         header = self.tokenizer.role_ids["assistant"]
