@@ -35,3 +35,26 @@ def test_one_layer_model_amortize_equals_reprefill():
     assert report.greedy_divergence == report.greedy_tokens
     # the naive splice (no rotation) is measurably wrong on the same edit
     assert report.n_vs_r.jsd > 1e3 * max(report.l_vs_r.jsd, 1e-12)
+
+
+EDITS = {
+    "drop_failed_attempt": lambda h: [Directive(span=Span(start=2, end=4))],
+    "clear_old_tool_output": lambda h: [Directive(span=Span(start=5, end=6), replacement=[
+        h[5].model_copy(update={"content": "[cleared]"})])],
+    "truncate_long_output": lambda h: [Directive(span=Span(start=7, end=8), replacement=[
+        h[7].model_copy(update={"content": "\n".join(h[7].content.split("\n")[:5])})])],
+}
+
+
+@pytest.fixture(scope="module")
+def default_rt():
+    return Runtime(RuntimeConfig(max_cache_tokens=8192))
+
+
+@pytest.mark.parametrize("edit", sorted(EDITS))
+def test_default_model_amortize_drifts_far_less_than_naive_splice(default_rt, edit):
+    history = agent_history(long_output_lines=40)
+    report = run_arms(default_rt, history, EDITS[edit](history), greedy_tokens=8)
+    print(f"{edit}: JSD(R||L)={report.l_vs_r.jsd:.3e} JSD(R||N)={report.n_vs_r.jsd:.3e}")
+    assert report.l_vs_r.jsd * 10 <= report.n_vs_r.jsd
+    assert report.l_vs_r.top1_agree
