@@ -1,6 +1,6 @@
 """A LangGraph agent whose history edits cost directives, not re-prefills.
 
-    python examples/langgraph_agent.py [--trace-out trace.jsonl] [--max-tokens 8]
+    python examples/langgraph_agent.py [--trace-out trace.jsonl] [--max-tokens 64]
 
 Starts the Leyline runtime in-process (``create_app`` + ``httpx.ASGITransport``)
 or uses the one at ``LEYLINE_BASE_URL``. The agent (``langchain.agents.create_agent``)
@@ -18,9 +18,10 @@ it prints the directives sent and the tokens reused / rotated / recomputed next
 to what a full re-prefill would have cost; at the end the totals, including
 what a prefix cache alone would have reused (measured by the runtime).
 
-The embedded default model may be an untrained (seeded random) model that
-cannot call tools. When the model's reply holds no tool call, the next step of
-a fixed plan is substituted for it and the output says so (SCRIPTED). The
+The embedded default model is a 12.8M-parameter model trained here on
+synthetic transcripts of other tools; it often fails to call these ones.
+When the model's reply holds no tool call, the next step of a fixed plan is
+substituted for it and the output says so (SCRIPTED). The
 prompts still all go through the runtime; the substitution is itself an edit
 of the history (the generated reply is replaced), so it shows up as a directive.
 """
@@ -230,7 +231,7 @@ async def run(args: argparse.Namespace) -> Report:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--trace-out", help="write the per-call histories as one JSONL trace")
-    parser.add_argument("--max-tokens", type=int, default=8, help="tokens per model reply")
+    parser.add_argument("--max-tokens", type=int, default=64, help="tokens per model reply")
     parser.add_argument("--clear-trigger", type=int, default=200,
                         help="ClearToolUsesEdit trigger (approximate tokens)")
     args = parser.parse_args(argv)
