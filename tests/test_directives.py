@@ -88,8 +88,8 @@ def test_amortize_keeps_prefix_and_rotates_rope(rt):
     assert fresh.tokens == s.tokens
     ref = rows(rt, fresh)
     # layer 0 depends only on the token and its position: exact up to fp32 rounding of the
-    # fresh prefill's own cos/sin(p*theta) (about p * 1e-7 relative)
-    assert (after[0] - ref[0]).abs().max().item() <= 5e-5
+    # fresh prefill's own cos/sin(p*theta) (about p * 1e-7 relative to the row's size)
+    assert (after[0] - ref[0]).abs().max().item() <= 2e-7 * s.num_tokens * ref[0].abs().max().item()
     r = rt.model.config.kv_lora_rank
     old_tail = before[:, o.token_end:]
     assert torch.equal(after[:, start:, :r], old_tail[..., :r])  # latents copied bit-for-bit
