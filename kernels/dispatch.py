@@ -10,9 +10,8 @@ import os
 
 import torch
 
-from ._checks import check_rotate_and_splice_args
-from .rotate_and_splice_torch import _rotate_and_splice_torch_impl
-from .rotate_and_splice_triton import _rotate_and_splice_triton_impl, triton_available
+from .rotate_and_splice_torch import rotate_and_splice_torch
+from .rotate_and_splice_triton import rotate_and_splice_triton, triton_available
 
 __all__ = ["kernel_backend", "rotate_and_splice", "ENV_VAR", "BACKENDS"]
 
@@ -57,22 +56,7 @@ def rotate_and_splice(
     rope_offset: int,
     rope_dim: int,
 ) -> None:
-    """Validate, then run rotate-and-splice on the backend chosen by
-    :func:`kernel_backend` for the pools' device."""
-    src_rows, dst_rows, delta_index = check_rotate_and_splice_args(
-        src_pool, dst_pool, src_rows, dst_rows, delta_index, cos, sin, rope_offset, rope_dim
-    )
-    if src_rows.numel() == 0:
-        return
-    backend = kernel_backend(src_pool.device)
-    if backend == "triton":
-        if not triton_available():
-            raise RuntimeError(f"{ENV_VAR}=triton but triton is not importable")
-        _rotate_and_splice_triton_impl(
-            src_pool, dst_pool, src_rows, dst_rows, delta_index, cos, sin, rope_offset, rope_dim
-        )
-    else:
-        _rotate_and_splice_torch_impl(
-            src_pool, dst_pool, src_rows, dst_rows, delta_index,
-            cos.contiguous(), sin.contiguous(), rope_offset, rope_dim,
-        )
+    """Run rotate-and-splice on the backend chosen by :func:`kernel_backend`
+    for the pools' device (each backend validates its arguments)."""
+    run = rotate_and_splice_triton if kernel_backend(src_pool.device) == "triton" else rotate_and_splice_torch
+    run(src_pool, dst_pool, src_rows, dst_rows, delta_index, cos, sin, rope_offset, rope_dim)

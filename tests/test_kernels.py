@@ -385,8 +385,8 @@ def test_dispatch_routes_to_backend(monkeypatch, forced):
     import kernels.dispatch as dispatch
 
     calls = []
-    monkeypatch.setattr(dispatch, "_rotate_and_splice_torch_impl", lambda *a, **k: calls.append("torch"))
-    monkeypatch.setattr(dispatch, "_rotate_and_splice_triton_impl", lambda *a, **k: calls.append("triton"))
+    monkeypatch.setattr(dispatch, "rotate_and_splice_torch", lambda *a, **k: calls.append("torch"))
+    monkeypatch.setattr(dispatch, "rotate_and_splice_triton", lambda *a, **k: calls.append("triton"))
     monkeypatch.setattr(dispatch, "triton_available", lambda: True)
     if forced is None:
         monkeypatch.delenv("LEYLINE_KERNEL", raising=False)
