@@ -38,7 +38,8 @@ from langchain_core.messages import (
 from langchain_core.messages.tool import invalid_tool_call, tool_call, tool_call_chunk
 from langchain_core.utils.function_calling import convert_to_openai_tool
 
-from leyline_sdk.memory import TOOLS_MESSAGE_ID
+from leyline_sdk.tools_prompt import END_TOOL_CALL, TOOL_CALL, TOOLS_MESSAGE_ID, render_tools
+from leyline_sdk.tools_prompt import tools_message as shared_tools_message
 from leyline_sdk.protocol import MAX_ID_LENGTH, FunctionCall, Message, ToolCall
 
 __all__ = [
@@ -56,8 +57,6 @@ __all__ = [
 
 # The runtime's tool-call markers (leyline_runtime.chat_template); the SDK side
 # may not import the runtime, so they are repeated here.
-TOOL_CALL = "<|tool_call|>"
-END_TOOL_CALL = "<|end_tool_call|>"
 
 _ROLES = {"human": "user", "user": "user", "ai": "assistant", "assistant": "assistant",
           "system": "system", "developer": "system", "tool": "tool", "function": "tool"}
@@ -185,17 +184,6 @@ def tools_to_openai(tools: Sequence[Any]) -> list[dict[str, Any]]:
     return [convert_to_openai_tool(t) for t in tools]
 
 
-def render_tools(tools: Sequence[Mapping[str, Any]]) -> str:
-    """The system-prompt section listing the tools, exactly as the runtime renders it."""
-    lines = ["# Tools", "Call a tool with " + TOOL_CALL + '{"name": ..., "arguments": {...}}' + END_TOOL_CALL]
-    for tool in tools:
-        fn = tool.get("function", tool)
-        spec = {"name": fn.get("name"), "description": fn.get("description", ""),
-                "parameters": fn.get("parameters", {})}
-        lines.append(json.dumps(spec, ensure_ascii=False, sort_keys=True))
-    return "\n".join(lines)
-
-
 def tools_message(tools: Sequence[Mapping[str, Any]] | None, tool_choice: Any = None) -> Message | None:
     """The tools system message (fixed id) for ``tools``, or ``None`` without tools.
 
@@ -204,15 +192,8 @@ def tools_message(tools: Sequence[Mapping[str, Any]] | None, tool_choice: Any = 
     ``True`` → call one of the tools now. ``"none"`` is handled by the caller
     with a stop string, so toggling it keeps the prompt (and the cache) as is.
     """
-    if not tools:
-        return None
-    text = render_tools(tools)
-    name = _named_choice(tool_choice)
-    if name:
-        text += f"\nCall the tool {name} now."
-    elif tool_choice in ("required", "any", True):
-        text += "\nCall one of the tools now."
-    return Message(role="system", content=text, id=TOOLS_MESSAGE_ID)
+    return shared_tools_message(tools or [], call=_named_choice(tool_choice),
+                                required=tool_choice in ("required", "any", True))
 
 
 def _named_choice(choice: Any) -> str | None:

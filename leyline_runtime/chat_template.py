@@ -20,6 +20,7 @@ import uuid
 from dataclasses import dataclass
 
 from leyline_sdk.protocol import FunctionCall, Message, ToolCall
+from leyline_sdk.tools_prompt import END_TOOL_CALL, TOOL_CALL, render_tools  # noqa: F401 (part of the template)
 
 ROLE_TOKENS = {
     "system": "<|system|>",
@@ -28,8 +29,6 @@ ROLE_TOKENS = {
     "tool": "<|tool|>",
 }
 END = "<|end|>"
-TOOL_CALL = "<|tool_call|>"
-END_TOOL_CALL = "<|end_tool_call|>"
 END_OF_TEXT = "<|endoftext|>"
 PAD = "<|pad|>"
 SPECIAL_TOKENS = [PAD, END_OF_TEXT, *ROLE_TOKENS.values(), END, TOOL_CALL, END_TOOL_CALL]
@@ -58,17 +57,6 @@ def render_body(message: Message) -> str:
 
 def render_message(message: Message) -> str:
     return f"{ROLE_TOKENS[message.role]}{render_body(message)}{END}"
-
-
-def render_tools(tools: list[dict]) -> str:
-    """System-prompt section that lists OpenAI-style function tools."""
-    lines = ["# Tools", "Call a tool with " + TOOL_CALL + '{"name": ..., "arguments": {...}}' + END_TOOL_CALL]
-    for tool in tools:
-        fn = tool.get("function", tool)
-        spec = {"name": fn.get("name"), "description": fn.get("description", ""),
-                "parameters": fn.get("parameters", {})}
-        lines.append(json.dumps(spec, ensure_ascii=False, sort_keys=True))
-    return "\n".join(lines)
 
 
 @dataclass

@@ -49,6 +49,7 @@ from .protocol import (
     SessionInfo,
     Span,
 )
+from .tools_prompt import TOOLS_MESSAGE_ID
 
 if TYPE_CHECKING:  # pragma: no cover
     from integrations.chat_model import ChatLeyline
@@ -57,7 +58,6 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["TOOLS_MESSAGE_ID", "CallStats", "EditRecord", "LeylineMemory", "ThreadStats"]
 
 # Id of the system message that lists the tools (the runtime's /v1 path uses the same).
-TOOLS_MESSAGE_ID = "leyline:tools"
 
 SAMPLING_KEYS = frozenset(
     {"max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "logprobs", "top_logprobs"})

@@ -19,7 +19,7 @@ from leyline_runtime import chat_template as tpl
 from leyline_runtime import create_app
 from leyline_runtime.engine import Generation
 from leyline_runtime.kv_cache import ensure_capacity
-from leyline_runtime.server.prompt import TOOLS_MESSAGE_ID
+from leyline_sdk.tools_prompt import TOOLS_MESSAGE_ID
 from leyline_runtime.server.streaming import DeltaDecoder
 
 TOOLS = [{"type": "function", "function": {

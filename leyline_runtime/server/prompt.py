@@ -11,25 +11,21 @@ from __future__ import annotations
 from typing import Any
 
 from leyline_sdk.protocol import GenerateRequest, Message
+from leyline_sdk.tools_prompt import tools_message as shared_tools_message
 
 from .. import chat_template as tpl
 from .openai_schema import ChatCompletionRequest, NamedToolChoice
 
-TOOLS_MESSAGE_ID = "leyline:tools"
 DEFAULT_MAX_TOKENS = 256
 DEFAULT_TEMPERATURE = 1.0  # OpenAI's default
 
 
 def tools_message(request: ChatCompletionRequest) -> Message | None:
-    if not request.tools:
-        return None
-    text = tpl.render_tools([t.model_dump(exclude_none=True) for t in request.tools])
     choice = request.tool_choice
-    if isinstance(choice, NamedToolChoice):
-        text += f"\nCall the tool {choice.function.name} now."
-    elif choice == "required":
-        text += "\nCall one of the tools now."
-    return Message(role="system", content=text, id=TOOLS_MESSAGE_ID)
+    return shared_tools_message(
+        [t.model_dump(exclude_none=True) for t in request.tools or []],
+        call=choice.function.name if isinstance(choice, NamedToolChoice) else None,
+        required=choice == "required")
 
 
 def prompt_messages(request: ChatCompletionRequest) -> list[Message]:

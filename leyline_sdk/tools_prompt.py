@@ -1,0 +1,46 @@
+"""How tools enter the prompt: one system message with a fixed id.
+
+Shared by the runtime (``/v1/chat/completions``) and the LangChain
+integration, so both render byte-identical prompts and a session that sees
+the same tools again diffs clean. No torch: the SDK owns this contract.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from .protocol import Message
+
+TOOL_CALL = "<|tool_call|>"
+END_TOOL_CALL = "<|end_tool_call|>"
+TOOLS_MESSAGE_ID = "leyline:tools"
+
+
+def render_tools(tools: Sequence[Mapping[str, Any]]) -> str:
+    """System-prompt section that lists OpenAI-style function tools."""
+    lines = ["# Tools", "Call a tool with " + TOOL_CALL + '{"name": ..., "arguments": {...}}' + END_TOOL_CALL]
+    for tool in tools:
+        fn = tool.get("function", tool)
+        spec = {"name": fn.get("name"), "description": fn.get("description", ""),
+                "parameters": fn.get("parameters", {})}
+        lines.append(json.dumps(spec, ensure_ascii=False, sort_keys=True))
+    return "\n".join(lines)
+
+
+def tools_message(tools: Sequence[Mapping[str, Any]], *, call: str | None = None,
+                  required: bool = False) -> Message | None:
+    """The tools system message, or ``None`` without tools.
+
+    ``call`` names a tool the model must call now; ``required`` asks for any
+    tool call now (one nudge line; there is no constrained decoding).
+    """
+    if not tools:
+        return None
+    text = render_tools(tools)
+    if call:
+        text += f"\nCall the tool {call} now."
+    elif required:
+        text += "\nCall one of the tools now."
+    return Message(role="system", content=text, id=TOOLS_MESSAGE_ID)
