@@ -289,11 +289,3 @@ class DirectiveExecutor:
         session.messages = plan.messages
         session.message_tokens = plan.message_tokens
         session.version += 1
-        c = session.counters
-        for o in plan.outcomes:
-            c.reused_tokens += o.reused_tokens
-            c.rotated_tokens += o.rotated_tokens
-            c.recomputed_tokens += o.recomputed_tokens
-        # rows kept untouched before the first edit are reused too
-        first = min((o.token_start for o in plan.outcomes), default=0)
-        c.reused_tokens += first

@@ -144,10 +144,12 @@ class Runtime:
                 self._check_positions(len(plan.tokens))
                 self._make_room(self._blocks_for_plan(session, plan), session)
                 self.executor.execute(session, plan, rotate=rotate)
-            for o in plan.outcomes:
-                self.stats.rotated_tokens += o.rotated_tokens
-                self.stats.recomputed_tokens += o.recomputed_tokens
-                self.stats.reused_tokens += o.reused_tokens
+            outcomes = plan.outcomes
+            # rows kept untouched before the first edit are reused too
+            self._tally(session, reused=min((o.token_start for o in outcomes), default=0)
+                        + sum(o.reused_tokens for o in outcomes),
+                        rotated=sum(o.rotated_tokens for o in outcomes),
+                        recomputed=sum(o.recomputed_tokens for o in outcomes))
             return DirectiveResult(
                 session_id=session.session_id, version=session.version, num_tokens=session.num_tokens,
                 num_messages=len(session.messages), outcomes=plan.outcomes,
@@ -249,11 +251,17 @@ class Runtime:
         session.messages.extend(messages)
         session.message_tokens.extend(new_tokens)
         session.version += 1
-        session.counters.prefilled_tokens += len(flat)
-        session.counters.reused_tokens += start
-        self.stats.prefilled_tokens += len(flat)
-        self.stats.reused_tokens += start
+        self._tally(session, prefilled=len(flat), reused=start)
         return len(flat)
+
+    def _tally(self, session: Session, prefilled: int = 0, reused: int = 0, rotated: int = 0,
+               recomputed: int = 0) -> None:
+        """Count prompt tokens on the session and runtime-wide (metrics) alike."""
+        for c in (session.counters, self.stats):
+            c.prefilled_tokens += prefilled
+            c.reused_tokens += reused
+            c.rotated_tokens += rotated
+            c.recomputed_tokens += recomputed
 
     def _shrink(self, session: Session, num_blocks: int) -> None:
         extra = session.table.blocks[num_blocks:]
@@ -288,10 +296,7 @@ class Runtime:
         session.messages.append(message)
         session.message_tokens.append(tokens)
         session.version += 1
-        session.counters.prefilled_tokens += 1
-        session.counters.reused_tokens += start
-        self.stats.prefilled_tokens += 1
-        self.stats.reused_tokens += start
+        self._tally(session, prefilled=1, reused=start)  # the assistant header
         return message, gen
 
     def _finish_message(self, session: Session, gen: Generation) -> tuple[Message, list[int]]:
