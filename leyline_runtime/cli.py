@@ -119,23 +119,23 @@ def say(text: str) -> None:
 # --- entry point ---------------------------------------------------------------------------
 
 def _add_train_arguments(p: argparse.ArgumentParser) -> None:
-    from .training import train
+    from leyline_training import train
     train.add_arguments(p)
 
 
 def _run_train(args: argparse.Namespace) -> int:
-    from .training import train
+    from leyline_training import train
     train.run(args)
     return 0
 
 
 def _add_evaluate_arguments(p: argparse.ArgumentParser) -> None:
-    from .training import evaluate
+    from leyline_training import evaluate
     evaluate.add_arguments(p)
 
 
 def _run_evaluate(args: argparse.Namespace) -> int:
-    from .training import evaluate
+    from leyline_training import evaluate
     evaluate.run(args)
     return 0
 

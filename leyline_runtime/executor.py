@@ -16,7 +16,7 @@ from typing import Callable
 
 import torch
 
-import kernels
+import leyline_kernels as kernels
 from leyline_sdk.errors import InvalidSpan, OverlappingSpans
 from leyline_sdk.protocol import Directive, DirectiveOutcome, Message
 

@@ -52,8 +52,8 @@ from .protocol import (
 from .tools_prompt import TOOLS_MESSAGE_ID
 
 if TYPE_CHECKING:  # pragma: no cover
-    from integrations.chat_model import ChatLeyline
-    from integrations.middleware import LeylineMiddleware
+    from leyline_langchain.chat_model import ChatLeyline
+    from leyline_langchain.middleware import LeylineMiddleware
 
 __all__ = ["TOOLS_MESSAGE_ID", "CallStats", "EditRecord", "LeylineMemory", "ThreadStats"]
 
@@ -411,13 +411,13 @@ class LeylineMemory:
 
     def middleware(self) -> LeylineMiddleware:
         """An ``AgentMiddleware`` for ``langchain.agents.create_agent``; put it last."""
-        from integrations.middleware import LeylineMiddleware
+        from leyline_langchain.middleware import LeylineMiddleware
 
         return LeylineMiddleware(self)
 
     def chat_model(self, **sampling: Any) -> ChatLeyline:
         """A LangChain chat model that generates through the current thread's session."""
-        from integrations.chat_model import ChatLeyline
+        from leyline_langchain.chat_model import ChatLeyline
 
         return ChatLeyline(memory=self, **sampling)
 

@@ -9,18 +9,18 @@ import pytest
 import torch
 from helpers import agent_history
 
-from leyline_runtime.bench import admission
-from leyline_runtime.bench.exact import grow
-from leyline_runtime.bench.forking import fork_session
-from leyline_runtime.bench.histories import history_of_length, make_edit, offsets
-from leyline_runtime.bench.replay_arms import (
+from leyline_bench import admission
+from leyline_bench.exact import grow
+from leyline_bench.forking import fork_session
+from leyline_bench.histories import history_of_length, make_edit, offsets
+from leyline_bench.replay_arms import (
     Leyline,
     NoCache,
     PrefixCache,
     common_prefix,
     history_tokens,
 )
-from leyline_runtime.bench.traces import PATTERNS, make_trace
+from leyline_bench.traces import PATTERNS, make_trace
 from leyline_runtime.model.default import default_tokenizer_path
 from leyline_runtime.runtime import Runtime, RuntimeConfig
 from leyline_runtime.tokenizer import ChatTokenizer
@@ -191,7 +191,7 @@ def test_replay_accounting(runtime):
 
 def test_peer_crop_equals_full_prefill(runtime, tmp_path):
     pytest.importorskip("transformers")
-    from leyline_runtime.bench.peer import TransformersPeer, checkpoint_folder
+    from leyline_bench.peer import TransformersPeer, checkpoint_folder
 
     peer = TransformersPeer(checkpoint_folder(None, runtime.model, str(tmp_path)))
     ids = torch.randint(10, 1000, (96,), generator=torch.Generator().manual_seed(0)).tolist()

@@ -10,7 +10,7 @@ import pytest
 import torch
 from helpers import agent_history
 
-from leyline_runtime.bench.cli import main
+from leyline_bench.cli import main
 from leyline_sdk.protocol import Directive, Span
 
 pytest.importorskip("matplotlib")

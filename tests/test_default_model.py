@@ -8,9 +8,9 @@ from leyline_sdk.protocol import GenerateRequest, SessionCreate
 from leyline_runtime.model import DEFAULT_MODEL_DIR, seeded_model
 from leyline_runtime.runtime import Runtime, RuntimeConfig
 from leyline_runtime.tokenizer import ChatTokenizer
-from leyline_runtime.training.evaluate import heldout_loss
-from leyline_runtime.training.tools import validate_call
-from leyline_runtime.training.transcripts import make_task
+from leyline_training.evaluate import heldout_loss
+from leyline_training.tools import validate_call
+from leyline_training.transcripts import make_task
 
 HELD_OUT_TASKS = [0, 1, 2, 3]  # test-split seeds: entities the model never saw in training
 

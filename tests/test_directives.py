@@ -5,12 +5,12 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import kernels
+import leyline_kernels as kernels
 from leyline_sdk.errors import CapacityExceeded, InvalidSpan, OverlappingSpans, VersionConflict
 from leyline_sdk.protocol import (
     Directive, DirectiveBatch, GenerateRequest, Message, SessionCreate, Span,
 )
-from leyline_runtime.fidelity import next_token_logits
+from leyline_bench.arms import next_token_logits
 from leyline_runtime.runtime import Runtime, RuntimeConfig
 
 from helpers import agent_history

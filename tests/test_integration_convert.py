@@ -10,7 +10,7 @@ from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, Tool
 from langchain_core.messages.utils import count_tokens_approximately
 from test_integration_support import calculator, lookup
 
-from integrations import (
+from leyline_langchain import (
     TOOLS_MESSAGE_ID,
     find_orphans,
     from_leyline,
@@ -20,7 +20,7 @@ from integrations import (
     tools_message,
     tools_to_openai,
 )
-from integrations.pairing import placeholder_id
+from leyline_langchain.pairing import placeholder_id
 from leyline_runtime import chat_template as tpl
 from leyline_runtime.server.openai_schema import ChatCompletionRequest
 from leyline_runtime.server.prompt import tools_message as runtime_tools_message

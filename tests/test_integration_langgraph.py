@@ -31,7 +31,7 @@ from test_integration_support import (
 )
 from test_server_support import torch_threads
 
-from integrations import ChatLeyline, LeylineMiddleware
+from leyline_langchain import ChatLeyline, LeylineMiddleware
 from leyline_sdk import LeylineMemory
 
 PLAN = [

@@ -15,16 +15,16 @@ from pathlib import Path
 import pytest
 import torch
 
-import kernels
-from kernels import (
+import leyline_kernels as kernels
+from leyline_kernels import (
     delta_rotation_table,
     kernel_backend,
     rotate_and_splice,
     rotate_and_splice_torch,
     rotate_and_splice_triton,
 )
-from kernels.rotate_and_splice_torch import _rotate_and_splice_torch_impl
-from kernels.rotate_and_splice_triton import triton_available
+from leyline_kernels.rotate_and_splice_torch import _rotate_and_splice_torch_impl
+from leyline_kernels.rotate_and_splice_triton import triton_available
 
 REPO = Path(__file__).resolve().parents[1]
 HAS_TRITON = triton_available()
@@ -382,7 +382,7 @@ def test_backend_default_and_env_override(monkeypatch):
 
 @pytest.mark.parametrize("forced", [None, "torch", "triton"])
 def test_dispatch_routes_to_backend(monkeypatch, forced):
-    import kernels.dispatch as dispatch
+    import leyline_kernels.dispatch as dispatch
 
     calls = []
     monkeypatch.setattr(dispatch, "rotate_and_splice_torch", lambda *a, **k: calls.append("torch"))
@@ -483,7 +483,7 @@ def test_import_without_triton():
         "        if name == 'triton' or name.startswith('triton.'):\n"
         "            raise ImportError('blocked')\n"
         "sys.meta_path.insert(0, Block())\n"
-        "import torch, kernels\n"
+        "import torch\nimport leyline_kernels as kernels\n"
         "assert kernels.kernel_backend('cuda') == 'torch'\n"
         "p = torch.randn(8, 96)\n"
         "di, c, s = kernels.delta_rotation_table(torch.tensor([1]), torch.ones(16), 'cpu')\n"

@@ -71,7 +71,7 @@ def test_sdk_works_when_heavy_packages_cannot_be_imported() -> None:
 
         class Block:
             def find_spec(self, name, path=None, target=None):
-                if name.split(".")[0] in {"torch", "triton", "numpy", "fastapi", "leyline_runtime", "kernels"}:
+                if name.split(".")[0] in {"torch", "triton", "numpy", "fastapi", "leyline_runtime", "leyline_kernels", "leyline_langchain", "leyline_vllm"}:
                     raise ImportError(f"{name} is blocked in this test")
                 return None
 

@@ -11,8 +11,8 @@ import pytest
 from leyline_runtime import chat_template as tpl
 from leyline_runtime.model.default import default_tokenizer_path
 from leyline_runtime.tokenizer import ChatTokenizer
-from leyline_runtime.training import names as N
-from leyline_runtime.training.corpus import (
+from leyline_training import names as N
+from leyline_training.corpus import (
     CLS_ASSISTANT,
     CLS_TEXT,
     Packer,
@@ -21,8 +21,8 @@ from leyline_runtime.training.corpus import (
     stdlib_files,
     transcript_tokens,
 )
-from leyline_runtime.training.evaluate import oracle_generate, run_agent_eval
-from leyline_runtime.training.tools import (
+from leyline_training.evaluate import oracle_generate, run_agent_eval
+from leyline_training.tools import (
     TOOLS,
     calculator,
     execute,
@@ -30,9 +30,9 @@ from leyline_runtime.training.tools import (
     kv_get,
     run_tests,
 )
-from leyline_runtime.training.train import DataStream, lr_at, parse_curriculum
-from leyline_runtime.training.transcripts import KINDS, make_task, make_transcript
-from leyline_runtime.training.world import make_world
+from leyline_training.train import DataStream, lr_at, parse_curriculum
+from leyline_training.transcripts import KINDS, make_task, make_transcript
+from leyline_training.world import make_world
 
 SEEDS = range(60)
 

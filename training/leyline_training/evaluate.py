@@ -15,7 +15,7 @@ Two measurements:
   ``<|tool_call|>`` blocks the model wrote), task success rate (``Task.check``
   on the final answer), mean assistant turns, per task kind.
 
-``python -m leyline_runtime.training.evaluate --model PATH --tasks 200 --out eval.json``
+``python -m leyline_training.evaluate --model PATH --tasks 200 --out eval.json``
 (``--model default`` is the embedded default model) drives the real runtime
 (:class:`leyline_runtime.runtime.Runtime`, greedy decoding, paged KV cache).
 """
@@ -36,8 +36,8 @@ import torch.nn.functional as F
 
 from leyline_sdk.protocol import Message
 
-from .. import chat_template as tpl
-from ..tokenizer import ChatTokenizer
+from leyline_runtime import chat_template as tpl
+from leyline_runtime.tokenizer import ChatTokenizer
 from .corpus import CLS_ASSISTANT, transcript_tokens
 from .tools import execute, validate_call
 from .transcripts import Task, make_task, make_transcript
@@ -74,8 +74,8 @@ def heldout_loss(model, tok: ChatTokenizer, n: int = 64, max_len: int = 2048, st
 
 def compare_perplexity(model_path: str | None, n: int = 64, seed: int = 0) -> dict:
     """Trained model vs the seeded random-init model of the same config."""
-    from ..model import load_model, seeded_model
-    from ..model.default import DEFAULT_MODEL_DIR
+    from leyline_runtime.model import load_model, seeded_model
+    from leyline_runtime.model.default import DEFAULT_MODEL_DIR
 
     folder = Path(model_path) if model_path else DEFAULT_MODEL_DIR
     tok = ChatTokenizer.from_file(folder / "tokenizer.json")
@@ -220,7 +220,7 @@ DESCRIPTION = ("Held-out perplexity (vs the seeded random model) and agent-loop 
 
 
 def main(argv: list[str] | None = None) -> dict:
-    ap = argparse.ArgumentParser(prog="python -m leyline_runtime.training.evaluate", description=DESCRIPTION)
+    ap = argparse.ArgumentParser(prog="python -m leyline_training.evaluate", description=DESCRIPTION)
     add_arguments(ap)
     return run(ap.parse_args(argv))
 
@@ -254,7 +254,7 @@ def run(args: argparse.Namespace) -> dict:
             f"{p['random_init']['loss']:.3f}; assistant tokens {p['trained']['assistant_loss']:.3f} vs "
             f"{p['random_init']['assistant_loss']:.3f}")
     if args.tasks:
-        from ..runtime import Runtime, RuntimeConfig
+        from leyline_runtime.runtime import Runtime, RuntimeConfig
 
         runtime = Runtime(RuntimeConfig(model_path=path))
         gen = RuntimeGenerator(runtime, max_tokens=args.max_tokens)

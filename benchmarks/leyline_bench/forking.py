@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import uuid
 
-from ..kv_cache import BlockTable, ensure_capacity
-from ..runtime import Runtime
-from ..session import Session
+from leyline_runtime.kv_cache import BlockTable, ensure_capacity
+from leyline_runtime.runtime import Runtime
+from leyline_runtime.session import Session
 
 
 def fork_session(runtime: Runtime, session_id: str, tenant: str) -> str:

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import torch
 
-from kernels import delta_rotation_table, rotate_and_splice_torch
-from kernels.rotate_and_splice_triton import triton_available
+from leyline_kernels import delta_rotation_table, rotate_and_splice_torch
+from leyline_kernels.rotate_and_splice_triton import triton_available
 
-from ..model import read_config
-from ..model.default import DEFAULT_MODEL_DIR, default_config
+from leyline_runtime.model import read_config
+from leyline_runtime.model.default import DEFAULT_MODEL_DIR, default_config
 from . import plots
 from .output import md_table, write_results
 from .stats import median, ratio, rotated, timed
@@ -87,7 +87,7 @@ class KernelCase:
                                 self.offset, self.rope)
 
     def triton_path(self):
-        from kernels import rotate_and_splice_triton
+        from leyline_kernels import rotate_and_splice_triton
 
         rotate_and_splice_triton(self.pool, self.pool, self.src, self.dst, self.index, self.cos, self.sin,
                                  self.offset, self.rope)

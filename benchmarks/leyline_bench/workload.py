@@ -1,6 +1,6 @@
 """The fidelity workload: ≥ 50 edit cases over agent histories, deterministic.
 
-    python -m leyline_runtime.bench.workload [--out benchmarks/fidelity_workload.jsonl]
+    python -m leyline_bench.workload [--out benchmarks/fidelity_workload.jsonl]
 
 Each case is one JSON line: ``name``, ``category``, ``group``, ``history``
 (messages), ``directives`` (one batch) or ``edits`` (sequential batches),
@@ -28,8 +28,8 @@ from pathlib import Path
 
 from leyline_sdk.protocol import Directive, Message, Span
 
-from ..model.default import default_tokenizer_path
-from ..tokenizer import ChatTokenizer
+from leyline_runtime.model.default import default_tokenizer_path
+from leyline_runtime.tokenizer import ChatTokenizer
 from . import agent_text
 from .exact import grow, token_delta
 from .histories import PLACEHOLDER

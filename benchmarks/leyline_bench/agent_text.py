@@ -1,4 +1,4 @@
-"""Agent-like messages from the synthetic transcripts (``leyline_runtime.training``).
+"""Agent-like messages from the synthetic transcripts (``leyline_training``).
 
 The transcripts are what the default model is (or will be) trained on: a
 system prompt with the tool list, user tasks, assistant tool calls, real tool
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from leyline_sdk.protocol import Message
 
-from ..training.transcripts import make_transcript, system_message
+from leyline_training.transcripts import make_transcript, system_message
 
 SPLIT = "test"  # held-out transcripts: never the ones a model trains on
 

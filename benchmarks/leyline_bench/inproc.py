@@ -20,7 +20,7 @@ def serve_in_thread(config, startup_timeout: float = 120.0) -> Iterator[str]:
     """Start ``create_app(config)`` on 127.0.0.1:<free port>; yields the base URL."""
     import uvicorn
 
-    from .. import create_app
+    from leyline_runtime.server import create_app
 
     app = create_app(config)
     port = free_port()

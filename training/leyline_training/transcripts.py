@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from leyline_sdk.protocol import FunctionCall, Message, ToolCall
 
-from ..chat_template import render_tools
+from leyline_runtime.chat_template import render_tools
 from . import names as N
 from .tools import TOOLS, calculator, execute, execute_test_file
 from .world import World, make_world

@@ -31,8 +31,9 @@ import numpy as np
 
 from leyline_sdk.protocol import Message
 
-from .. import chat_template as tpl
-from ..tokenizer import ChatTokenizer
+from leyline_runtime import chat_template as tpl
+from leyline_runtime.model.default import DEFAULT_MODEL_DIR
+from leyline_runtime.tokenizer import ChatTokenizer
 from .transcripts import make_transcript
 
 SKIP_DIRS = {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__", "encodings",
@@ -275,8 +276,7 @@ def main(argv: list[str] | None = None) -> None:
     import json
 
     ap = argparse.ArgumentParser(description="Token counts of the training corpus.")
-    ap.add_argument("--tokenizer", type=Path, default=Path(__file__).resolve().parent.parent
-                    / "default_model" / "tokenizer.json")
+    ap.add_argument("--tokenizer", type=Path, default=DEFAULT_MODEL_DIR / "tokenizer.json")
     ap.add_argument("--transcripts", type=int, default=2000)
     ap.add_argument("--split", default="train", choices=["train", "test"])
     ap.add_argument("--no-stdlib", action="store_true")

@@ -14,9 +14,9 @@ Modules:
 
 Commands (from a checkout, in the project venv)::
 
-    python -m leyline_runtime.training.tokenizer_train        # ~30 s
-    python -m leyline_runtime.training.corpus --transcripts 20000
-    python -m leyline_runtime.training.train --out runs/default --minutes 70 \\
+    python -m leyline_training.tokenizer_train        # ~30 s
+    python -m leyline_training.corpus --transcripts 20000
+    python -m leyline_training.train --out runs/default --minutes 70 \\
         --export leyline_runtime/default_model
-    python -m leyline_runtime.training.evaluate --model runs/default/model --tasks 200 --out eval.json
+    python -m leyline_training.evaluate --model runs/default/model --tasks 200 --out eval.json
 """

@@ -74,7 +74,7 @@ def provenance() -> dict:
 
 def runtime_info(runtime) -> dict:
     """The served model and the runtime settings that shape the numbers."""
-    from ..model.default import DEFAULT_MODEL_DIR
+    from leyline_runtime.model.default import DEFAULT_MODEL_DIR
 
     cfg, rc = runtime.model.config, runtime.config
     default = rc.model_path is None

@@ -14,7 +14,7 @@ from pathlib import Path
 from leyline_sdk.errors import CapacityExceeded
 from leyline_sdk.protocol import Message
 
-from ..runtime import Runtime, RuntimeConfig
+from leyline_runtime.runtime import Runtime, RuntimeConfig
 from . import plots
 from .machine import runtime_info
 from .output import md_table, write_results

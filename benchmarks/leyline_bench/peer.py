@@ -14,8 +14,8 @@ from pathlib import Path
 
 import torch
 
-from ..model import DeepseekForCausalLM, save_model
-from ..model.default import DEFAULT_MODEL_DIR
+from leyline_runtime.model import DeepseekForCausalLM, save_model
+from leyline_runtime.model.default import DEFAULT_MODEL_DIR
 
 
 def checkpoint_folder(model_path: str | None, model: DeepseekForCausalLM, scratch: str) -> Path:

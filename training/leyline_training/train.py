@@ -1,6 +1,6 @@
 """Train the embedded default model from scratch on CPU, within a time budget.
 
-    python -m leyline_runtime.training.train --out runs/default --minutes 70
+    python -m leyline_training.train --out runs/default --minutes 70
 
 * Model: ``leyline_runtime.model.default_config(vocab)`` (DeepSeek-V3 MLA,
   dense, ~13M parameters, tied embeddings), initialised by ``seeded_model``.
@@ -39,14 +39,15 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..model import default_config, save_model, seeded_model
-from ..model.config import config_from_dict
-from ..model.deepseek import DeepseekForCausalLM
-from ..tokenizer import ChatTokenizer
+from leyline_runtime.model import default_config, save_model, seeded_model
+from leyline_runtime.model.config import config_from_dict
+from leyline_runtime.model.deepseek import DeepseekForCausalLM
+from leyline_runtime.model.default import DEFAULT_MODEL_DIR
+from leyline_runtime.tokenizer import ChatTokenizer
 from .corpus import Packer, loss_weights
 from .evaluate import heldout_loss
 
-DEFAULT_TOKENIZER = Path(__file__).resolve().parent.parent / "default_model" / "tokenizer.json"
+DEFAULT_TOKENIZER = DEFAULT_MODEL_DIR / "tokenizer.json"
 CHECKPOINT = "checkpoint.pt"
 
 
@@ -265,7 +266,7 @@ def train(out_dir: str | Path, *, minutes: float = 70.0, seq_len: int = 2048, ba
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m leyline_runtime.training.train", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m leyline_training.train", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(ap)
     return ap

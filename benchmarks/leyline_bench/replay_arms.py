@@ -32,7 +32,7 @@ from leyline_sdk.protocol import (
     Span,
 )
 
-from ..runtime import Runtime
+from leyline_runtime.runtime import Runtime
 
 TENANT = "__bench_replay__"
 FIRST_TOKEN = GenerateRequest(max_tokens=1, temperature=0.0)

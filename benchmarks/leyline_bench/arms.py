@@ -20,7 +20,7 @@ import torch
 
 from leyline_sdk.protocol import Directive, DirectiveBatch, GenerateRequest, Message, SessionCreate
 
-from .runtime import Runtime
+from leyline_runtime.runtime import Runtime
 
 TENANT = "__fidelity__"
 

@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import os
 
-from ..runtime import RuntimeConfig
+from leyline_runtime.runtime import RuntimeConfig
 from . import plots
 from .inproc import serve_in_thread
 from .loadgen import run_level

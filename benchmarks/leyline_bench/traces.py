@@ -1,6 +1,6 @@
 """Agent traces with the history edits agents really make, deterministic.
 
-    python -m leyline_runtime.bench.traces [--out benchmarks/traces.jsonl] [--per-pattern 3]
+    python -m leyline_bench.traces [--out benchmarks/traces.jsonl] [--per-pattern 3]
 
 One trace per JSON line: ``{"name", "pattern", "turns": [[messages], ...]}``,
 each turn the FULL history the agent sends at that model call. Turn 1 is the
@@ -26,8 +26,8 @@ from pathlib import Path
 
 from leyline_sdk.protocol import Message
 
-from ..model.default import default_tokenizer_path
-from ..tokenizer import ChatTokenizer
+from leyline_runtime.model.default import default_tokenizer_path
+from leyline_runtime.tokenizer import ChatTokenizer
 from . import agent_text
 from .histories import PLACEHOLDER
 from .workload import truncated

@@ -11,7 +11,7 @@
 * Training text: a seeded sample of the stdlib chunks plus rendered train
   transcripts (:func:`.corpus.rendered_documents`). A few seconds on one core.
 
-``python -m leyline_runtime.training.tokenizer_train --out PATH`` writes it.
+``python -m leyline_training.tokenizer_train --out PATH`` writes it.
 """
 
 from __future__ import annotations
@@ -23,11 +23,12 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from .. import chat_template as tpl
-from ..tokenizer import ChatTokenizer
+from leyline_runtime import chat_template as tpl
+from leyline_runtime.model.default import DEFAULT_MODEL_DIR
+from leyline_runtime.tokenizer import ChatTokenizer
 from .corpus import rendered_documents
 
-DEFAULT_OUT = Path(__file__).resolve().parent.parent / "default_model" / "tokenizer.json"
+DEFAULT_OUT = DEFAULT_MODEL_DIR / "tokenizer.json"
 _SPECIAL_RE = re.compile("|".join(re.escape(t) for t in tpl.SPECIAL_TOKENS))
 
 

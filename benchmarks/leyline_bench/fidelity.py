@@ -1,6 +1,6 @@
 """``leyline-bench fidelity``: F/R/L/N arms over a workload file, admission by target agreement.
 
-Runs :func:`leyline_runtime.fidelity.run_arms_batches` on every case of a
+Runs :func:`leyline_bench.arms.run_arms_batches` on every case of a
 JSONL workload (see ``workload.py``), judges admission (``admission.py``) and
 reports per category, per (category, group) and overall: JSD(R‖L), JSD(R‖N),
 top-1 agreement, top-10 overlap, tokens to the first greedy divergence of L
@@ -15,8 +15,8 @@ from pathlib import Path
 
 from leyline_sdk.protocol import Directive, Message
 
-from .. import fidelity as harness
-from ..runtime import Runtime, RuntimeConfig
+from . import arms as harness
+from leyline_runtime.runtime import Runtime, RuntimeConfig
 from . import plots
 from .admission import IMPLICIT_TOKENS, judge
 from .machine import runtime_info

@@ -4,7 +4,7 @@ A :class:`World` is a pure function of ``(seed, split)``. It holds
 
 * service configs (YAML-ish, 30-80 lines) under a few path layouts,
 * Python modules with small arithmetic functions (some with a real bug) and
-  their test files, which :func:`leyline_runtime.training.tools.run_tests`
+  their test files, which :func:`leyline_training.tools.run_tests`
   executes for real,
 * notes in markdown mentioning the entities,
 * a key-value store.

@@ -23,8 +23,8 @@ import torch
 from leyline_sdk.diff import apply_directives
 from leyline_sdk.protocol import DirectiveBatch, SessionCreate
 
-from ..model import load_model
-from ..runtime import Runtime, RuntimeConfig
+from leyline_runtime.model import load_model
+from leyline_runtime.runtime import Runtime, RuntimeConfig
 from . import plots
 from .forking import fork_session
 from .histories import history_of_length, make_edit
