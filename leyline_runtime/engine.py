@@ -16,7 +16,7 @@ from leyline_sdk.protocol import SamplingParams
 
 from .kv_cache import BlockPool, BlockTable, ensure_capacity
 from .model import DeepseekForCausalLM
-from .sampling import make_generator, sample_next
+from .sampling import LogitsProcessor, SamplerState, sample_token
 
 
 @dataclass
@@ -66,23 +66,25 @@ class Engine:
 
     def decode(self, table: BlockTable, num_cached: int, first_logits: torch.Tensor,
                params: SamplingParams, stop_ids: set[int], max_positions: int,
-               decode_text=None, on_token: Callable[[int], None] | None = None) -> Generation:
+               decode_text=None, on_token: Callable[[int], None] | None = None,
+               processors: list[LogitsProcessor] | None = None) -> Generation:
         """Sample from ``first_logits`` on, writing each sampled token's row.
 
         A sampled stop id ends generation without its row being written (the
         caller decides what closes the message). ``decode_text(ids) -> str`` is
         needed for stop strings. ``on_token(id)`` sees every sampled token (stop
         ids included) as soon as it is chosen; an exception it raises aborts
-        the generation.
+        the generation. ``processors`` change the logits before each choice (logprobs report
+        the model's own distribution).
         """
-        gen = make_generator(params.seed)
+        sampler = SamplerState.create(params, processors)
         stops = params.stop_strings()
         logits = first_logits
         tokens: list[int] = []
         logprobs = []
         position = num_cached
         while True:
-            tok = sample_next(logits, params, gen)
+            tok = sample_token(logits, sampler)
             if on_token is not None:
                 on_token(tok)
             if params.logprobs:

@@ -31,6 +31,7 @@ from .executor import DirectiveExecutor, Plan
 from .kv_cache import BlockPool, BlockTable, ensure_capacity
 from .model import DeepseekForCausalLM, load_model
 from .model.default import DEFAULT_MODEL_DIR
+from .sampling import LogitsProcessor
 from .session import Session
 from .tokenizer import ChatTokenizer
 
@@ -156,15 +157,17 @@ class Runtime:
                 elapsed_ms=(time.perf_counter() - t0) * 1000)
 
     def generate(self, session_id: str, request: GenerateRequest, tenant: str = DEFAULT_TENANT,
-                 on_token: Callable[[int], None] | None = None) -> GenerateResponse:
-        """``on_token(id)`` (optional) sees each sampled token as it is chosen, for streaming."""
+                 on_token: Callable[[int], None] | None = None,
+                 processors: list[LogitsProcessor] | None = None) -> GenerateResponse:
+        """``on_token(id)`` (optional) sees each sampled token as it is chosen, for streaming;
+        ``processors`` (optional) constrain or bias the choice (see :mod:`.sampling`)."""
         with self._lock:
             session = self._get(tenant, session_id)
             self._check_version(session, request.expected_version)
             with self._using(session):
                 cached = session.num_tokens
                 prefilled = self._append(session, request.messages)
-                message, gen = self._generate(session, request, on_token)
+                message, gen = self._generate(session, request, on_token, processors)
             prompt_len = cached + prefilled + 1  # + the assistant header
             usage = Usage(prompt_tokens=prompt_len, cached_tokens=cached, prefill_tokens=prefilled + 1,
                           completion_tokens=len(gen.tokens),
@@ -269,7 +272,8 @@ class Runtime:
         self.pool.free(extra)
 
     def _generate(self, session: Session, request: GenerateRequest,
-                  on_token: Callable[[int], None] | None = None) -> tuple[Message, Generation]:
+                  on_token: Callable[[int], None] | None = None,
+                  processors: list[LogitsProcessor] | None = None) -> tuple[Message, Generation]:
         """Generate one assistant message into the session (header, tokens, end marker)."""
         start = session.num_tokens
         header = self.tokenizer.role_ids["assistant"]
@@ -281,7 +285,7 @@ class Runtime:
             logits = self.engine.prefill(session.table, [header], start)
             gen = self.engine.decode(session.table, start + 1, logits, request, {self.tokenizer.end_id},
                                      self.max_positions - 1, decode_text=self.tokenizer.decode,
-                                     on_token=on_token)
+                                     on_token=on_token, processors=processors)
             message, tokens = self._finish_message(session, gen)
             written = [header, *gen.tokens[:-1]]
             common = 0

@@ -1,10 +1,42 @@
-"""Next-token choice: greedy or temperature / top-k / top-p with a seeded generator."""
+"""Next-token choice: greedy or temperature / top-k / top-p with a seeded generator.
+
+Every sequence samples through :func:`sample_token` with its own :class:`SamplerState`, so
+per-request logits processors (grammar masks, penalties, logit bias) and the seeded generator
+travel with the sequence, whether it decodes alone or batched with others.
+"""
 
 from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 
 from leyline_sdk.protocol import SamplingParams
+
+
+class LogitsProcessor(Protocol):
+    """Changes one sequence's next-token logits; told which token was then chosen."""
+
+    def __call__(self, logits: torch.Tensor, generated: list[int]) -> torch.Tensor:
+        """``logits`` [vocab] fp32 -> logits to sample from (may be modified in place)."""
+        ...
+
+    def accept(self, token: int) -> None:
+        """The token sampled after this call (advance any internal state, e.g. a grammar matcher)."""
+        ...
+
+
+@dataclass
+class SamplerState:
+    params: SamplingParams
+    generator: torch.Generator
+    processors: list[LogitsProcessor] = field(default_factory=list)
+    generated: list[int] = field(default_factory=list)
+
+    @classmethod
+    def create(cls, params: SamplingParams, processors: list[LogitsProcessor] | None = None) -> SamplerState:
+        return cls(params, make_generator(params.seed), list(processors or []))
 
 
 def make_generator(seed: int | None) -> torch.Generator:
@@ -14,6 +46,19 @@ def make_generator(seed: int | None) -> torch.Generator:
     else:
         gen.manual_seed(seed)
     return gen
+
+
+def sample_token(logits: torch.Tensor, state: SamplerState) -> int:
+    """One sequence's next token: its processors, then its sampling parameters."""
+    if state.processors:
+        logits = logits.float().clone()
+        for processor in state.processors:
+            logits = processor(logits, state.generated)
+    token = sample_next(logits, state.params, state.generator)
+    for processor in state.processors:
+        processor.accept(token)
+    state.generated.append(token)
+    return token
 
 
 def sample_next(logits: torch.Tensor, params: SamplingParams, gen: torch.Generator) -> int:

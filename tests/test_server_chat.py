@@ -57,7 +57,7 @@ def scripted(runtime, monkeypatch):
         ids = runtime.tokenizer.encode(text) + [runtime.tokenizer.end_id]
 
         def decode(table, num_cached, first_logits, params, stop_ids, max_positions, decode_text=None,
-                   on_token=None):
+                   on_token=None, processors=None):
             tokens, position = [], num_cached
             for tok in ids:
                 if on_token is not None:
