@@ -268,7 +268,7 @@ def test_an_error_mid_stream_is_an_event_and_the_session_survives(client, runtim
     before = client.get("/sessions/chat-midstream").json()
 
     def failing_decode(table, num_cached, first_logits, params, stop_ids, max_positions, decode_text=None,
-                       on_token=None):
+                       on_token=None, processors=None):
         for tok in runtime.tokenizer.encode("partial answer"):
             on_token(tok)
         raise ValueError("engine hiccup")
