@@ -19,7 +19,9 @@ from pathlib import Path
 
 import torch
 
-from leyline_sdk.errors import CapacityExceeded, InvalidDirective, SessionNotFound, VersionConflict
+from leyline_sdk.errors import (
+    CapacityExceeded, InvalidDirective, RequestTooLarge, SessionNotFound, VersionConflict,
+)
 from leyline_sdk.protocol import (
     AppendResult, DirectiveBatch, DirectiveResult, GenerateRequest, GenerateResponse, Message,
     SessionCreate, SessionInfo, TokenLogprob, TopLogprob, Usage,
@@ -49,6 +51,7 @@ class RuntimeConfig:
     sink_tokens: int = 0
     api_keys: list[str] = field(default_factory=list)
     model_name: str = "leyline-default"
+    max_request_tokens: int | None = None  # new tokens one request may add; None: the model's context
 
 
 @dataclass
@@ -78,6 +81,7 @@ class Runtime:
         self._evicted: set[tuple[str, str]] = set()
         self._lock = threading.RLock()
         self.max_positions = self.model.config.max_position_embeddings
+        self.max_request_tokens = min(config.max_request_tokens or self.max_positions, self.max_positions)
 
     # -- sessions ------------------------------------------------------------------
 
@@ -142,6 +146,7 @@ class Runtime:
             self._check_version(session, batch.expected_version)
             with self._using(session):
                 plan = self.executor.plan(session, batch.directives)
+                self._check_request_tokens(sum(len(toks) for e in plan.edits for toks in e.edit.tokens))
                 self._check_positions(len(plan.tokens))
                 self._make_room(self._blocks_for_plan(session, plan), session)
                 self.executor.execute(session, plan, rotate=rotate)
@@ -164,9 +169,11 @@ class Runtime:
         with self._lock:
             session = self._get(tenant, session_id)
             self._check_version(session, request.expected_version)
+            new_tokens = self._encode_new(request.messages)
+            self._check_generation_fits(session.num_tokens + sum(map(len, new_tokens)), request.max_tokens)
             with self._using(session):
                 cached = session.num_tokens
-                prefilled = self._append(session, request.messages)
+                prefilled = self._append(session, request.messages, new_tokens)
                 message, gen = self._generate(session, request, on_token, processors)
             prompt_len = cached + prefilled + 1  # + the assistant header
             usage = Usage(prompt_tokens=prompt_len, cached_tokens=cached, prefill_tokens=prefilled + 1,
@@ -198,6 +205,40 @@ class Runtime:
         if num_tokens > self.max_positions:
             raise CapacityExceeded(f"{num_tokens} tokens exceed the model's context of {self.max_positions}")
 
+    def _encode_new(self, messages: list[Message]) -> list[list[int]]:
+        new_tokens = self.tokenizer.encode_messages(messages)
+        self._check_request_tokens(sum(map(len, new_tokens)))
+        return new_tokens
+
+    def _check_request_tokens(self, num_tokens: int) -> None:
+        if num_tokens > self.max_request_tokens:
+            raise RequestTooLarge(f"this request adds {num_tokens} tokens; this server takes at most "
+                                  f"{self.max_request_tokens} per request (--max-request-tokens)")
+
+    def _too_big(self, blocks: int) -> None:
+        bs = self.pool.block_size
+        raise CapacityExceeded(f"this request needs {blocks * bs} cache tokens for its session in all (its "
+                               f"history, the new tokens and room for the reply); the cache holds "
+                               f"{self.pool.num_blocks * bs}")
+
+    def _check_generation_fits(self, prompt_tokens: int, max_tokens: int) -> None:
+        """Before anything changes: the prompt plus its reply budget fit the context and the cache."""
+        self._check_positions(prompt_tokens + 1)  # + the assistant header
+        need = self.pool.blocks_for(min(prompt_tokens + 1 + max_tokens + 1, self.max_positions))
+        if need > self.pool.num_blocks:
+            self._too_big(need)
+
+    def check_generation(self, prompt_tokens: int, max_tokens: int) -> None:
+        """Raise what :meth:`generate` would raise for a prompt of ``prompt_tokens`` before changing anything
+        (the chat service calls it before it applies a history's edits)."""
+        self._check_generation_fits(prompt_tokens, max_tokens)
+
+    def edited_length(self, session_id: str, tenant: str, directives: list) -> int:
+        """Tokens the session would hold after ``directives`` (validates them; changes nothing)."""
+        with self._lock:
+            session = self._get(tenant, session_id)
+            return len(self.executor.plan(session, directives).tokens) if directives else session.num_tokens
+
     @contextmanager
     def _using(self, session: Session) -> Iterator[None]:
         session.busy += 1
@@ -212,9 +253,7 @@ class Runtime:
         if blocks <= self.pool.num_free:
             return
         if blocks > self.pool.num_blocks - len(session.table.blocks):
-            raise CapacityExceeded(
-                f"this request needs {blocks * self.pool.block_size} cache tokens; the cache holds "
-                f"{self.pool.num_blocks * self.pool.block_size} in all")
+            self._too_big(len(session.table.blocks) + blocks)
         idle = sorted((s for s in self._sessions.values() if s.busy == 0 and s is not session),
                       key=lambda s: s.last_used)
         for victim in idle:
@@ -237,11 +276,12 @@ class Runtime:
         self._make_room(self.pool.blocks_for(num_tokens) - len(session.table.blocks), session)
         ensure_capacity(self.pool, session.table, num_tokens)
 
-    def _append(self, session: Session, messages: list[Message]) -> int:
-        """Prefill only the new messages; returns the number of tokens prefilled."""
+    def _append(self, session: Session, messages: list[Message], new_tokens: list[list[int]] | None = None) -> int:
+        """Prefill only the new messages (``new_tokens``: already encoded); returns the tokens prefilled."""
         if not messages:
             return 0
-        new_tokens = self.tokenizer.encode_messages(messages)
+        if new_tokens is None:
+            new_tokens = self._encode_new(messages)
         flat = [t for toks in new_tokens for t in toks]
         start = session.num_tokens
         blocks_before = len(session.table.blocks)

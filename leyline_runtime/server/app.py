@@ -14,17 +14,20 @@ from . import routes_openai, routes_sessions, routes_system
 from .auth import Authenticator, keys_from_env
 from .chat import ChatService
 from .errors import install_error_handlers
+from .limits import BodyGuard, Limits
 
 DESCRIPTION = """\
 Leyline: an inference runtime whose sessions can be *edited* through directives
 (span, replacement, mode) instead of re-prefilled. Native endpoints manage sessions
 and directive batches; `/v1/chat/completions` is OpenAI-compatible and, bound to a
 session, turns history edits into directives. Errors are `{"error": {"code", "message"}}`.
+Request limits, timeouts, tenants and durability: see docs/operations.md.
 """
 
 
-def create_app(config: RuntimeConfig | None = None, *, runtime: Runtime | None = None) -> FastAPI:
-    """The service for ``runtime`` (or a new runtime built from ``config``).
+def create_app(config: RuntimeConfig | None = None, *, runtime: Runtime | None = None,
+               limits: Limits | None = None) -> FastAPI:
+    """The service for ``runtime`` (or a new runtime built from ``config``), within ``limits``.
 
     API keys come from ``config.api_keys`` (the runtime's config when only a
     runtime is given), else from the ``LEYLINE_API_KEYS`` environment variable.
@@ -38,6 +41,8 @@ def create_app(config: RuntimeConfig | None = None, *, runtime: Runtime | None =
     app.state.chat = ChatService(runtime, metrics)
     app.state.auth = Authenticator(config.api_keys or keys_from_env())
     app.state.started = int(time.time())
+    app.state.limits = limits = limits or Limits()
+    app.add_middleware(BodyGuard, limits=limits)
     install_error_handlers(app)
     for module in (routes_sessions, routes_openai, routes_system):
         app.include_router(module.router)

@@ -121,11 +121,16 @@ class ChatService:
         mode = request.leyline.mode if request.leyline else "amortize"
         directives, tail = split_append(old, messages, mode=mode)
         if len(directives) > MAX_DIRECTIVES:
+            prompt = sum(map(len, self.runtime.tokenizer.encode_messages(messages)))
+            self.runtime.check_generation(prompt, generate_request(request).max_tokens)  # before the drop
             with suppress(SessionNotFound):
                 self.runtime.delete_session(sid, tenant)
             return self._rebuild(request, messages, sid, tenant, on_token)
         outcomes: list[DirectiveOutcome] = []
-        if directives:
+        if directives:  # check the whole request before the edits change the session
+            tail_tokens = sum(map(len, self.runtime.tokenizer.encode_messages(tail)))
+            self.runtime.check_generation(self.runtime.edited_length(sid, tenant, directives) + tail_tokens,
+                                          generate_request(request).max_tokens)
             batch = DirectiveBatch(session_id=sid, directives=directives, expected_version=version)
             result = self.runtime.apply(batch, tenant)
             self.metrics.observe_directives(result)
@@ -144,7 +149,12 @@ class ChatService:
             if self.runtime.has_session(sid, tenant):  # created by a concurrent request
                 raise _Restart() from exc
             raise
-        gen = self.runtime.generate(sid, generate_request(request, expected_version=info.version), tenant,
-                                    on_token=on_token)
+        try:
+            gen = self.runtime.generate(sid, generate_request(request, expected_version=info.version), tenant,
+                                        on_token=on_token)
+        except BaseException:
+            with suppress(SessionNotFound):  # it did not exist before this request
+                self.runtime.delete_session(sid, tenant)
+            raise
         return ChatTurn(gen, sid, info.counters.prefilled_tokens + gen.usage.prefill_tokens, rebuilt=True,
                         appended=len(messages))
