@@ -12,6 +12,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -35,6 +36,7 @@ from .model import DeepseekForCausalLM, load_model
 from .model.default import DEFAULT_MODEL_DIR
 from .sampling import LogitsProcessor
 from .session import Session
+from .tenancy import Tenancy
 from .tokenizer import ChatTokenizer
 
 DEFAULT_TENANT = "default"
@@ -77,6 +79,7 @@ class Runtime:
         self.engine = Engine(self.model, self.pool, config.prefill_chunk)
         self.executor = DirectiveExecutor(self.engine, self.tokenizer, sink_tokens=config.sink_tokens)
         self.stats = RuntimeStats()
+        self.tenancy = Tenancy(num_blocks)
         self._sessions: dict[tuple[str, str], Session] = {}
         self._evicted: set[tuple[str, str]] = set()
         self._lock = threading.RLock()
@@ -123,6 +126,27 @@ class Runtime:
     def session_count(self) -> int:
         """Live sessions over all tenants (for metrics)."""
         return len(self._sessions)
+
+    def session_keys(self) -> list[tuple[str, str]]:
+        """``(tenant, session_id)`` of every live session, least recently used first."""
+        with self._lock:
+            return [k for k, _ in sorted(self._sessions.items(), key=lambda kv: kv[1].last_used)]
+
+    def restore_session(self, session_id: str, messages: list[Message], version: int,
+                        tenant: str = DEFAULT_TENANT) -> SessionInfo:
+        """Rebuild a saved session (prefill) at the version it had, so clients' ``expected_version`` holds."""
+        with self._lock:
+            self.create_session(SessionCreate(session_id=session_id, messages=messages), tenant)
+            self._sessions[(tenant, session_id)].version = version
+            return self._sessions[(tenant, session_id)].info()
+
+    # Read without the lock (a copy of the dict is atomic under the GIL): a metrics
+    # scrape must not wait for a long prefill.
+    def sessions_per_tenant(self) -> dict[str, int]:
+        return dict(Counter(t for t, _ in list(self._sessions)))
+
+    def blocks_per_tenant(self) -> Counter[str]:
+        return self.tenancy.usage(list(self._sessions.values()))
 
     # -- mutations -----------------------------------------------------------------
 
@@ -254,18 +278,17 @@ class Runtime:
             return
         if blocks > self.pool.num_blocks - len(session.table.blocks):
             self._too_big(len(session.table.blocks) + blocks)
-        idle = sorted((s for s in self._sessions.values() if s.busy == 0 and s is not session),
-                      key=lambda s: s.last_used)
-        for victim in idle:
+        for victim in self.tenancy.victims(self._sessions.values(), session):
             if blocks <= self.pool.num_free:
                 break
             self.pool.free(victim.table.blocks)
             del self._sessions[(victim.tenant, victim.session_id)]
             self._evicted.add((victim.tenant, victim.session_id))
             self.stats.evictions += 1
+            self.tenancy.stats_of(victim.tenant).evictions += 1
         if blocks > self.pool.num_free:
-            raise CapacityExceeded(f"the cache is full with sessions in use ({self.pool.num_free} blocks free, "
-                                   f"{blocks} needed)")
+            raise CapacityExceeded(f"the cache is full with sessions in use or within other tenants' shares "
+                                   f"({self.pool.num_free} blocks free, {blocks} needed)")
 
     def _blocks_for_plan(self, session: Session, plan: Plan) -> int:
         keep = min(plan.first_change // self.pool.block_size, len(session.table.blocks))
@@ -300,7 +323,7 @@ class Runtime:
     def _tally(self, session: Session, prefilled: int = 0, reused: int = 0, rotated: int = 0,
                recomputed: int = 0) -> None:
         """Count prompt tokens on the session and runtime-wide (metrics) alike."""
-        for c in (session.counters, self.stats):
+        for c in (session.counters, self.stats, self.tenancy.stats_of(session.tenant)):
             c.prefilled_tokens += prefilled
             c.reused_tokens += reused
             c.rotated_tokens += rotated

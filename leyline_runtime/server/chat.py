@@ -96,7 +96,8 @@ class ChatService:
                         raise VersionConflict(f"session {session_id} kept changing under this request") from exc
                     raise
         gen = turn.response
-        self.metrics.observe_generation("chat_completions", gen.finish_reason, gen.usage.completion_tokens)
+        self.metrics.observe_generation("chat_completions", gen.finish_reason, gen.usage.completion_tokens,
+                                        tenant)
         return turn
 
     # -- the two kinds of request --------------------------------------------------------
@@ -133,7 +134,7 @@ class ChatService:
                                           generate_request(request).max_tokens)
             batch = DirectiveBatch(session_id=sid, directives=directives, expected_version=version)
             result = self.runtime.apply(batch, tenant)
-            self.metrics.observe_directives(result)
+            self.metrics.observe_directives(result, tenant)
             version, outcomes = result.version, result.outcomes
         gen = self.runtime.generate(sid, generate_request(request, messages=tail, expected_version=version),
                                     tenant, on_token=on_token)

@@ -175,3 +175,6 @@ class ModelList(BaseModel):
 class Health(BaseModel):
     status: Literal["ok"] = "ok"
     model: str
+    durability: Literal["memory", "snapshot"] = Field(
+        description="`memory`: sessions are a cache and a restart loses them; `snapshot`: their message "
+                    "histories are saved on shutdown and prefilled again at start (`--state-dir`)")

@@ -121,7 +121,7 @@ async def generate(body: GenerateRequest, session_id: SessionId, request: Reques
                    metrics: MetricsDep, tenant: Tenant) -> GenerateResponse:
     check_limits(request, body.messages)
     result = await on_session(request, tenant, session_id, runtime.generate, session_id, body, tenant)
-    metrics.observe_generation("generate", result.finish_reason, result.usage.completion_tokens)
+    metrics.observe_generation("generate", result.finish_reason, result.usage.completion_tokens, tenant)
     return result
 
 
@@ -132,7 +132,7 @@ async def apply_directives(body: DirectiveBatch, request: Request, runtime: Runt
                            tenant: Tenant) -> DirectiveResult:
     check_directive_limits(request, body)
     result = await on_session(request, tenant, body.session_id, runtime.apply, body, tenant)
-    metrics.observe_directives(result)
+    metrics.observe_directives(result, tenant)
     return result
 
 
