@@ -78,11 +78,20 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
 def allowed_methods(request: Request) -> list[str]:
     """Every method some route serves at this path (Starlette names only the first route's)."""
     methods: set[str] = set()
-    for route in request.app.router.routes:
+    for route in _leaf_routes(request.app.router.routes):
         match, _ = route.matches({**request.scope, "method": "GET"})
         if match != Match.NONE and getattr(route, "methods", None):
             methods |= route.methods
     return sorted(methods)
+
+
+def _leaf_routes(routes: Any) -> Any:
+    for route in routes:
+        included = getattr(route, "original_router", None)  # FastAPI keeps included routers whole
+        if included is not None:
+            yield from _leaf_routes(included.routes)
+        else:
+            yield route
 
 
 async def _bad_input(request: Request, exc: Exception) -> JSONResponse:

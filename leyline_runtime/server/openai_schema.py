@@ -12,10 +12,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from leyline_sdk.protocol import (
-    MAX_ID_LENGTH,
     DirectiveOutcome,
     Message,
     Mode,
+    SessionId,
     TokenLogprob,
     ToolCall,
 )
@@ -62,8 +62,8 @@ class ChatCompletionRequest(BaseModel):
 
     messages: list[Message] = Field(min_length=1)
     model: str | None = None
-    session_id: str | None = Field(
-        default=None, min_length=1, max_length=MAX_ID_LENGTH,
+    session_id: SessionId | None = Field(
+        default=None,
         description="Bind the request to a session (also: header X-Leyline-Session). The runtime diffs "
                     "`messages` against the session's history and applies the edits as directives.")
     leyline: LeylineOptions | None = None
