@@ -491,15 +491,22 @@ def test_bound_chat_never_409s_under_native_contention(client, runtime):
     history = [msg("user", "start")]
     assert send(client, "POST", "/sessions", {"session_id": sid, "messages": history}).status_code == 201
     statuses: list[int] = []
+    versions: list[int] = []  # every version each request says it produced
 
     def chat() -> None:
         r = send(client, "POST", "/v1/chat/completions", {"session_id": sid, "max_tokens": 2, "temperature": 0,
                                                            "messages": [msg("user", "start")]})
         statuses.append(r.status_code)
+        if r.status_code == 200:
+            report = r.json()["leyline"]
+            assert report["versions"] and report["versions"][-1] == report["version"]
+            versions.extend(report["versions"])
 
     def native() -> None:
         r = send(client, "POST", f"/sessions/{sid}/messages", {"messages": [msg("user", "more")]})
         statuses.append(r.status_code)
+        if r.status_code == 200:
+            versions.append(r.json()["version"])
 
     threads = [threading.Thread(target=f) for _ in range(4) for f in (chat, native)]
     for t in threads:
@@ -507,4 +514,6 @@ def test_bound_chat_never_409s_under_native_contention(client, runtime):
     for t in threads:
         t.join()
     assert statuses.count(200) == len(threads), statuses
+    final = runtime.get_session(sid).version
+    assert sorted(versions) == list(range(2, final + 1))  # each version consumed by exactly one request
     send(client, "DELETE", f"/sessions/{sid}", None)

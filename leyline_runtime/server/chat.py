@@ -54,6 +54,14 @@ class ChatTurn:
     directives_applied: int = 0
     outcomes: list[DirectiveOutcome] = field(default_factory=list)
     appended: int = 0
+    first_version: int = 0  # the session's version before this turn (bound turns)
+
+    @property
+    def versions(self) -> list[int]:
+        """Every version the turn produced; consecutive, as no other request runs on the session meanwhile."""
+        if self.session_id is None:
+            return []
+        return list(range(self.first_version + 1, self.response.version + 1))
 
     @property
     def cached_tokens(self) -> int:
@@ -119,6 +127,7 @@ class ChatService:
             old, version = self.runtime.session_messages(sid, tenant)
         except SessionNotFound:
             return self._rebuild(request, messages, sid, tenant, on_token)
+        first_version = version
         mode = request.leyline.mode if request.leyline else "amortize"
         directives, tail = split_append(old, messages, mode=mode)
         if len(directives) > MAX_DIRECTIVES:
@@ -140,7 +149,7 @@ class ChatService:
                                     tenant, on_token=on_token)
         recomputed = sum(o.recomputed_tokens for o in outcomes)
         return ChatTurn(gen, sid, recomputed + gen.usage.prefill_tokens, directives_applied=len(directives),
-                        outcomes=outcomes, appended=len(tail))
+                        outcomes=outcomes, appended=len(tail), first_version=first_version)
 
     def _rebuild(self, request: ChatCompletionRequest, messages: list[Message], sid: str, tenant: str,
                  on_token: OnToken) -> ChatTurn:

@@ -141,6 +141,9 @@ class LeylineReport(BaseModel):
 
     session_id: str | None = Field(description="The bound session; null for a stateless request")
     version: int | None = Field(description="The session's version after the completion")
+    versions: list[int] = Field(default_factory=list,
+                                description="Every session version this request produced, in order (its edits, "
+                                            "its appended messages, the reply); empty for a stateless request")
     rebuilt: bool = Field(description="The session did not exist (new or evicted) and was built from the request")
     directives_applied: int = 0
     outcomes: list[DirectiveOutcome] = Field(default_factory=list)
