@@ -91,14 +91,17 @@ class Runtime:
     def create_session(self, request: SessionCreate, tenant: str = DEFAULT_TENANT) -> SessionInfo:
         with self._lock:
             sid = request.session_id or f"sess_{uuid.uuid4().hex[:16]}"
-            if (tenant, sid) in self._sessions:
-                raise InvalidDirective(f"session {sid} already exists")
-            session = Session(sid, tenant, BlockTable(self.pool.block_size))
-            with self._using(session):
-                self._append(session, request.messages)
-            self._sessions[(tenant, sid)] = session
-            self._evicted.discard((tenant, sid))
-            return session.info()
+            return self._create(sid, tenant, request.messages, self._encode_new(request.messages)).info()
+
+    def _create(self, sid: str, tenant: str, messages: list[Message], tokens: list[list[int]]) -> Session:
+        if (tenant, sid) in self._sessions:
+            raise InvalidDirective(f"session {sid} already exists")
+        session = Session(sid, tenant, BlockTable(self.pool.block_size))
+        with self._using(session):
+            self._append(session, messages, tokens)
+        self._sessions[(tenant, sid)] = session
+        self._evicted.discard((tenant, sid))
+        return session
 
     def get_session(self, session_id: str, tenant: str = DEFAULT_TENANT,
                     include_messages: bool = False) -> SessionInfo:
@@ -135,10 +138,10 @@ class Runtime:
     def restore_session(self, session_id: str, messages: list[Message], version: int,
                         tenant: str = DEFAULT_TENANT) -> SessionInfo:
         """Rebuild a saved session (prefill) at the version it had, so clients' ``expected_version`` holds."""
-        with self._lock:
-            self.create_session(SessionCreate(session_id=session_id, messages=messages), tenant)
-            self._sessions[(tenant, session_id)].version = version
-            return self._sessions[(tenant, session_id)].info()
+        with self._lock:  # not a request: --max-request-tokens does not apply
+            session = self._create(session_id, tenant, messages, self.tokenizer.encode_messages(messages))
+            session.version = version
+            return session.info()
 
     # Read without the lock (a copy of the dict is atomic under the GIL): a metrics
     # scrape must not wait for a long prefill.

@@ -54,10 +54,6 @@ class ChatTokenizer:
         """Text as data: special-token strings in it are encoded as their plain bytes."""
         return self.plain.encode(text, add_special_tokens=False).ids
 
-    def min_tokens(self, text: str) -> int:
-        """A lower bound on ``len(encode(text))`` without encoding (no token is longer than this)."""
-        return -(-len(text.encode("utf-8")) // self.longest_token_bytes)
-
     def decode(self, ids: list[int], skip_special: bool = False) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special)
 

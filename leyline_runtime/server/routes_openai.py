@@ -17,13 +17,14 @@ from ..runtime import Runtime
 from .chat import ChatService
 from .completion import CompletionIds, completion
 from .errors import error_responses
+from .json_body import OrjsonRoute
 from .openai_schema import ChatCompletion, ChatCompletionRequest, ModelCard, ModelList
 from .prompt import stop_strings
 from .routes_sessions import RuntimeDep, Tenant, check_limits
 from .sse import stream_chat
 from .streaming import DeltaDecoder
 
-router = APIRouter(prefix="/v1", tags=["openai"])
+router = APIRouter(prefix="/v1", tags=["openai"], route_class=OrjsonRoute)
 
 SESSION_HEADER = "X-Leyline-Session"
 
