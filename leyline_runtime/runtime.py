@@ -255,9 +255,10 @@ class Runtime:
         if need > self.pool.num_blocks:
             self._too_big(need)
 
-    def check_generation(self, prompt_tokens: int, max_tokens: int) -> None:
-        """Raise what :meth:`generate` would raise for a prompt of ``prompt_tokens`` before changing anything
-        (the chat service calls it before it applies a history's edits)."""
+    def check_generation(self, prompt_tokens: int, max_tokens: int, new_tokens: int = 0) -> None:
+        """Raise what :meth:`generate` would raise for a prompt of ``prompt_tokens`` (``new_tokens`` of them
+        new) before changing anything (the chat service calls it before it edits or rebuilds a session)."""
+        self._check_request_tokens(new_tokens)
         self._check_generation_fits(prompt_tokens, max_tokens)
 
     def edited_length(self, session_id: str, tenant: str, directives: list) -> int:

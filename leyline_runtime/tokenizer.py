@@ -33,6 +33,9 @@ class ChatTokenizer:
         self.end_id = self.token_id(tpl.END)
         self.role_ids = {role: self.token_id(tok) for role, tok in tpl.ROLE_TOKENS.items()}
         self.special_ids = {self.token_id(t) for t in tpl.SPECIAL_TOKENS}
+        # Ids a client may never send as content: the template's and any other special token of the tokenizer.
+        self.control_ids = self.special_ids | {i for i, t in tokenizer.get_added_tokens_decoder().items()
+                                               if t.special}
         self.longest_token_bytes = max(len(self.token_text(i).encode("utf-8", errors="replace"))
                                        for i in range(self.vocab_size) if i not in self.special_ids)
 
