@@ -74,6 +74,7 @@ def sample_next(logits: torch.Tensor, params: SamplingParams, gen: torch.Generat
         probs = sorted_scores.softmax(-1)
         # drop a token once the mass before it already reaches top_p (the first always stays)
         drop = probs.cumsum(-1) - probs >= params.top_p
+        drop[0] = False  # also when top_p rounds to 0 in float32 (e.g. 5e-324)
         scores = scores.scatter(0, order[drop], float("-inf"))
     probs = scores.softmax(-1)
     return int(torch.multinomial(probs, 1, generator=gen))

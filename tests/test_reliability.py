@@ -531,3 +531,10 @@ def test_bound_chat_never_409s_under_native_contention(client, runtime):
     final = runtime.get_session(sid).version
     assert sorted(versions) == list(range(2, final + 1))  # each version consumed by exactly one request
     send(client, "DELETE", f"/sessions/{sid}", None)
+
+
+def test_a_top_p_that_rounds_to_zero_keeps_the_likeliest_token(client):
+    """top_p = 5e-324 is 0 in float32; the first token must still stay (was a 500 found by schemathesis)."""
+    r = send(client, "POST", "/v1/chat/completions", {"messages": [msg("user")], "max_tokens": 1,
+                                                       "temperature": 1.0, "top_p": 5e-324})
+    assert r.status_code == 200, r.text
