@@ -11,6 +11,7 @@ so an error anywhere leaves it exactly as it was.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -69,8 +70,9 @@ class Plan:
 
 class DirectiveExecutor:
     def __init__(self, engine: Engine, tokenizer: ChatTokenizer, kernel: Callable = kernels.rotate_and_splice,
-                 sink_tokens: int = 0):
+                 sink_tokens: int = 0, commit_lock=None):
         self.engine = engine
+        self.commit_lock = commit_lock or contextlib.nullcontext()  # readers see a session before or after
         self.tokenizer = tokenizer
         self.kernel = kernel  # tests swap in a faulty kernel to check atomicity
         self.sink_tokens = sink_tokens
@@ -285,6 +287,11 @@ class DirectiveExecutor:
             pos = end
 
     def _commit(self, session: Session, table: BlockTable, plan: Plan) -> None:
+        with self.commit_lock:
+            self._swap(session, table, plan)
+
+    @staticmethod
+    def _swap(session: Session, table: BlockTable, plan: Plan) -> None:
         session.table = table
         session.messages = plan.messages
         session.message_tokens = plan.message_tokens

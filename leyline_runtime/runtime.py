@@ -3,8 +3,11 @@
 This is the one object the HTTP layer, the fidelity harness and the bench
 talk to. Every public method takes the caller's tenant: sessions live in a
 per-tenant namespace, so a tenant can never name another tenant's session.
-Methods are serialised by one lock (the engine owns the cores anyway);
-the HTTP layer calls them from worker threads, off the event loop.
+Work on one session (appends, directive batches, generation) is serialised
+by that session's lock; different sessions never wait for each other, and
+their model work meets in the engine's batched steps. One short lock guards
+the session map, eviction and commits, never model work. The HTTP layer
+calls these methods from worker threads, off the event loop.
 """
 
 from __future__ import annotations
@@ -45,7 +48,9 @@ class RuntimeConfig:
     device: str = "cpu"
     max_cache_tokens: int = 65536
     block_size: int = 16
-    prefill_chunk: int = 2048
+    prefill_chunk: int = 8192  # the most tokens one forward prefills (activation memory)
+    max_batched_tokens: int = 512  # tokens per step while sequences decode (prefill chunks share it)
+    max_num_seqs: int = 64  # generations decoding in one step
     sink_tokens: int = 0
     api_keys: list[str] = field(default_factory=list)
     model_name: str = "leyline-default"
@@ -71,26 +76,31 @@ class Runtime:
         num_blocks = max(1, -(-config.max_cache_tokens // config.block_size))
         self.pool = BlockPool(self.model.cache_layout(), num_blocks, config.block_size,
                               dtype=self.model.dtype, device=config.device)
-        self.engine = Engine(self.model, self.pool, config.prefill_chunk)
-        self.executor = DirectiveExecutor(self.engine, self.tokenizer, sink_tokens=config.sink_tokens)
+        self.engine = Engine(self.model, self.pool, config.prefill_chunk, config.max_batched_tokens,
+                             config.max_num_seqs)
+        self._lock = threading.RLock()  # the session map, eviction, commits and counters; never model work
+        self.executor = DirectiveExecutor(self.engine, self.tokenizer, sink_tokens=config.sink_tokens,
+                                          commit_lock=self._lock)
         self.stats = RuntimeStats()
         self._sessions: dict[tuple[str, str], Session] = {}
         self._evicted: set[tuple[str, str]] = set()
-        self._lock = threading.RLock()
         self.max_positions = self.model.config.max_position_embeddings
 
     # -- sessions ------------------------------------------------------------------
 
     def create_session(self, request: SessionCreate, tenant: str = DEFAULT_TENANT) -> SessionInfo:
+        sid = request.session_id or f"sess_{uuid.uuid4().hex[:16]}"
+        self._check_new(tenant, sid)
+        # Not in the map while it is prefilled: nobody else can reach it yet.
+        session = Session(sid, tenant, BlockTable(self.pool.block_size))
+        self._append(session, request.messages)
         with self._lock:
-            sid = request.session_id or f"sess_{uuid.uuid4().hex[:16]}"
-            if (tenant, sid) in self._sessions:
-                raise InvalidDirective(f"session {sid} already exists")
-            session = Session(sid, tenant, BlockTable(self.pool.block_size))
-            with self._using(session):
-                self._append(session, request.messages)
+            if (tenant, sid) in self._sessions:  # a concurrent create won
+                self.pool.free(session.table.blocks)
+                self._check_new(tenant, sid)
             self._sessions[(tenant, sid)] = session
             self._evicted.discard((tenant, sid))
+            session.last_used = time.monotonic()
             return session.info()
 
     def get_session(self, session_id: str, tenant: str = DEFAULT_TENANT,
@@ -103,8 +113,7 @@ class Runtime:
             return [s.info() for (t, _), s in self._sessions.items() if t == tenant]
 
     def delete_session(self, session_id: str, tenant: str = DEFAULT_TENANT) -> None:
-        with self._lock:
-            session = self._get(tenant, session_id)
+        with self._hold(tenant, session_id) as session, self._lock:  # after its work in flight
             self.pool.free(session.table.blocks)
             del self._sessions[(tenant, session_id)]
 
@@ -124,27 +133,24 @@ class Runtime:
 
     def append(self, session_id: str, messages: list[Message], tenant: str = DEFAULT_TENANT,
                expected_version: int | None = None) -> AppendResult:
-        with self._lock:
-            session = self._get(tenant, session_id)
+        with self._hold(tenant, session_id) as session:
             self._check_version(session, expected_version)
-            with self._using(session):
-                cached = session.num_tokens
-                prefilled = self._append(session, messages)
+            cached = session.num_tokens
+            prefilled = self._append(session, messages)
             return AppendResult(
                 session_id=session_id, version=session.version, num_tokens=session.num_tokens,
                 num_messages=len(session.messages),
                 usage=Usage(prompt_tokens=session.num_tokens, cached_tokens=cached, prefill_tokens=prefilled))
 
     def apply(self, batch: DirectiveBatch, tenant: str = DEFAULT_TENANT, rotate: bool = True) -> DirectiveResult:
-        with self._lock:
+        with self._hold(tenant, batch.session_id) as session:
             t0 = time.perf_counter()
-            session = self._get(tenant, batch.session_id)
             self._check_version(session, batch.expected_version)
-            with self._using(session):
-                plan = self.executor.plan(session, batch.directives)
-                self._check_positions(len(plan.tokens))
+            plan = self.executor.plan(session, batch.directives)
+            self._check_positions(len(plan.tokens))
+            with self._lock:
                 self._make_room(self._blocks_for_plan(session, plan), session)
-                self.executor.execute(session, plan, rotate=rotate)
+            self.executor.execute(session, plan, rotate=rotate)
             outcomes = plan.outcomes
             # rows kept untouched before the first edit are reused too
             self._tally(session, reused=min((o.token_start for o in outcomes), default=0)
@@ -161,13 +167,11 @@ class Runtime:
                  processors: list[LogitsProcessor] | None = None) -> GenerateResponse:
         """``on_token(id)`` (optional) sees each sampled token as it is chosen, for streaming;
         ``processors`` (optional) constrain or bias the choice (see :mod:`.sampling`)."""
-        with self._lock:
-            session = self._get(tenant, session_id)
+        with self._hold(tenant, session_id) as session:
             self._check_version(session, request.expected_version)
-            with self._using(session):
-                cached = session.num_tokens
-                prefilled = self._append(session, request.messages)
-                message, gen = self._generate(session, request, on_token, processors)
+            cached = session.num_tokens
+            prefilled = self._append(session, request.messages)
+            message, gen = self._generate(session, request, on_token, processors)
             prompt_len = cached + prefilled + 1  # + the assistant header
             usage = Usage(prompt_tokens=prompt_len, cached_tokens=cached, prefill_tokens=prefilled + 1,
                           completion_tokens=len(gen.tokens),
@@ -198,17 +202,28 @@ class Runtime:
         if num_tokens > self.max_positions:
             raise CapacityExceeded(f"{num_tokens} tokens exceed the model's context of {self.max_positions}")
 
+    def _check_new(self, tenant: str, session_id: str) -> None:
+        if (tenant, session_id) in self._sessions:
+            raise InvalidDirective(f"session {session_id} already exists")
+
     @contextmanager
-    def _using(self, session: Session) -> Iterator[None]:
-        session.busy += 1
+    def _hold(self, tenant: str, session_id: str) -> Iterator[Session]:
+        """The session, for work serialised with its other work; busy (never evicted) meanwhile."""
+        with self._lock:
+            session = self._get(tenant, session_id)
+            session.busy += 1
         try:
-            yield
+            with session.lock:
+                if self._sessions.get((tenant, session_id)) is not session:  # deleted while we waited
+                    raise SessionNotFound(f"session {session_id} not found")
+                yield session
         finally:
-            session.busy -= 1
-            session.last_used = time.monotonic()
+            with self._lock:
+                session.busy -= 1
+                session.last_used = time.monotonic()
 
     def _make_room(self, blocks: int, session: Session) -> None:
-        """Evict idle sessions, least recently used first, until ``blocks`` are free."""
+        """Evict idle sessions, least recently used first, until ``blocks`` are free (call under ``_lock``)."""
         if blocks <= self.pool.num_free:
             return
         if blocks > self.pool.num_blocks - len(session.table.blocks):
@@ -234,8 +249,9 @@ class Runtime:
 
     def _grow(self, session: Session, num_tokens: int) -> None:
         self._check_positions(num_tokens)
-        self._make_room(self.pool.blocks_for(num_tokens) - len(session.table.blocks), session)
-        ensure_capacity(self.pool, session.table, num_tokens)
+        with self._lock:
+            self._make_room(self.pool.blocks_for(num_tokens) - len(session.table.blocks), session)
+            ensure_capacity(self.pool, session.table, num_tokens)
 
     def _append(self, session: Session, messages: list[Message]) -> int:
         """Prefill only the new messages; returns the number of tokens prefilled."""
@@ -251,20 +267,22 @@ class Runtime:
         except BaseException:
             self._shrink(session, blocks_before)
             raise
-        session.messages.extend(messages)
-        session.message_tokens.extend(new_tokens)
-        session.version += 1
-        self._tally(session, prefilled=len(flat), reused=start)
+        with self._lock:
+            session.messages.extend(messages)
+            session.message_tokens.extend(new_tokens)
+            session.version += 1
+            self._tally(session, prefilled=len(flat), reused=start)
         return len(flat)
 
     def _tally(self, session: Session, prefilled: int = 0, reused: int = 0, rotated: int = 0,
                recomputed: int = 0) -> None:
         """Count prompt tokens on the session and runtime-wide (metrics) alike."""
-        for c in (session.counters, self.stats):
-            c.prefilled_tokens += prefilled
-            c.reused_tokens += reused
-            c.rotated_tokens += rotated
-            c.recomputed_tokens += recomputed
+        with self._lock:
+            for c in (session.counters, self.stats):
+                c.prefilled_tokens += prefilled
+                c.reused_tokens += reused
+                c.rotated_tokens += rotated
+                c.recomputed_tokens += recomputed
 
     def _shrink(self, session: Session, num_blocks: int) -> None:
         extra = session.table.blocks[num_blocks:]
@@ -280,8 +298,11 @@ class Runtime:
         blocks_before = len(session.table.blocks)
         budget = min(start + 1 + request.max_tokens + 1, self.max_positions)
         self._grow(session, start + 1)
-        self._make_room(self.pool.blocks_for(budget) - len(session.table.blocks), session)
         try:
+            # Reserved up front: other sessions allocate while this one decodes.
+            with self._lock:
+                self._make_room(self.pool.blocks_for(budget) - len(session.table.blocks), session)
+                ensure_capacity(self.pool, session.table, budget)
             logits = self.engine.prefill(session.table, [header], start)
             gen = self.engine.decode(session.table, start + 1, logits, request, {self.tokenizer.end_id},
                                      self.max_positions - 1, decode_text=self.tokenizer.decode,
@@ -297,9 +318,10 @@ class Runtime:
             self._shrink(session, blocks_before)
             raise
         self._shrink(session, self.pool.blocks_for(start + len(tokens)))
-        session.messages.append(message)
-        session.message_tokens.append(tokens)
-        session.version += 1
+        with self._lock:
+            session.messages.append(message)
+            session.message_tokens.append(tokens)
+            session.version += 1
         self._tally(session, prefilled=1, reused=start)  # the assistant header
         return message, gen
 
