@@ -273,9 +273,9 @@ class DirectiveExecutor:
                     cos, sin, offset, width)
 
     def _prefill_runs(self, table: BlockTable, plan: Plan, start: int) -> None:
-        """Prefill each run of new rows, in position order (each sees every row before it)."""
+        """Prefill every run of new rows as one piece of engine work (each run sees every row before it)."""
         new = (plan.old_pos == PREFILL).tolist()
-        pos, n = start, len(plan.tokens)
+        runs, pos, n = [], start, len(plan.tokens)
         while pos < n:
             if not new[pos]:
                 pos += 1
@@ -283,8 +283,9 @@ class DirectiveExecutor:
             end = pos
             while end < n and new[end]:
                 end += 1
-            self.engine.prefill(table, plan.tokens[pos:end], pos, logits="none")
+            runs.append((pos, plan.tokens[pos:end]))
             pos = end
+        self.engine.prefill_runs(table, runs)
 
     def _commit(self, session: Session, table: BlockTable, plan: Plan) -> None:
         with self.commit_lock:
