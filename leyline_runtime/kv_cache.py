@@ -85,6 +85,22 @@ class BlockTable:
         return (blocks[pos // self.block_size] * self.block_size + pos % self.block_size).to(device)
 
 
+    def extents(self, end: int) -> list[tuple[int, int]]:
+        """Positions ``[0, end)`` as runs of consecutive pool rows: ``(first row, length)`` each."""
+        if end > self.capacity:
+            raise IndexError(f"positions up to {end} exceed the table's {self.capacity} slots")
+        runs: list[tuple[int, int]] = []
+        bs = self.block_size
+        for i in range(-(-end // bs)):
+            n = min(bs, end - i * bs)
+            row = self.blocks[i] * bs
+            if runs and runs[-1][0] + runs[-1][1] == row:
+                runs[-1] = (runs[-1][0], runs[-1][1] + n)
+            else:
+                runs.append((row, n))
+        return runs
+
+
 def ensure_capacity(pool: BlockPool, table: BlockTable, num_tokens: int) -> list[int]:
     """Grow ``table`` to hold ``num_tokens`` positions; returns the blocks it added."""
     extra = pool.blocks_for(num_tokens) - len(table.blocks)

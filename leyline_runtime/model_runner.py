@@ -25,7 +25,7 @@ class ModelRunner:
         offset = 0
         for seq, n in chunks:
             start = seq.position
-            segments.append((start, seq.table.rows(0, start + n), n))
+            segments.append((start, n, seq.table.extents(start + n)))
             ids.extend(seq.tokens[seq.num_computed: seq.num_computed + n])
             k = seq.wants_logits(n)
             logit_rows.extend(range(offset + n - k, offset + n))

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .batch import BatchLayout, DecodeGroup, PrefillSegment
+from .batch import BatchLayout, DecodeStep, PrefillSegment, read_rows
 from .config import MLAConfig
 from .layers import RMSNorm
 from .rope import rotate_half_split
@@ -98,9 +98,9 @@ class MLAttention(nn.Module):
         for seg in layout.prefills:
             t = seg.tokens
             out[t] = self._prefill_attention(q_nope[t], q_pe[t], new_rows[t], pool, seg)
-        if layout.decodes is not None:
-            d = layout.decodes
-            out[d.tokens] = self._decode_attention(q_nope[d.tokens], q_pe[d.tokens], pool, d)
+        if layout.decodes:
+            d = layout.decode_tokens
+            out[d] = self._decode_attention(q_nope[d], q_pe[d], pool, layout.decodes)
         return self.o_proj(out)
 
     def _weights(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -109,17 +109,33 @@ class MLAttention(nn.Module):
         w = self.kv_b_proj.weight.view(self.num_heads, cfg.qk_nope_head_dim + cfg.v_head_dim, cfg.kv_lora_rank)
         return w[:, : cfg.qk_nope_head_dim], w[:, cfg.qk_nope_head_dim:]
 
-    def _decode_attention(self, q_nope, q_pe, pool, group: DecodeGroup) -> torch.Tensor:
-        """One query per sequence at its last position: absorbed MQA over its latent rows, all sequences at once."""
+    def _decode_attention(self, q_nope, q_pe, pool, steps: list[DecodeStep]) -> torch.Tensor:
+        """One query per sequence at its last position: absorbed MQA over its latent rows, read in place.
+
+        The projections through ``kv_b_proj`` run for all sequences at once;
+        only the product with each sequence's own rows runs per sequence.
+        """
         cfg = self.cfg
         B, r = q_nope.shape[0], cfg.kv_lora_rank
         w_uk, w_uv = self._weights()
-        kv = pool[group.read_rows].to(q_nope.dtype)  # [B, longest, r + rope]
-        q = torch.cat((torch.einsum("bhn,hnr->bhr", q_nope, w_uk), q_pe), dim=-1)[:, None]  # [B, 1, H, r + rope]
-        mask = None if group.valid is None else group.valid[:, None, None, :]
-        # V is the row itself; its k_pe tail only pads V to Q/K's size and is dropped.
-        out = F.scaled_dot_product_attention(q, kv[:, None], kv[:, None], attn_mask=mask, scale=self.scale)
-        return torch.einsum("bhr,hvr->bhv", out[:, 0, :, :r], w_uv).reshape(B, -1)
+        q = torch.cat((torch.einsum("bhn,hnr->bhr", q_nope, w_uk), q_pe), dim=-1)  # [B, H, r + rope]
+        latent = q.new_empty(B, self.num_heads, r)
+        for b, step in enumerate(steps):
+            latent[b] = self._latent_attention(q[b], read_rows(pool, step.rows))
+        return torch.einsum("bhr,hvr->bhv", latent, w_uv).reshape(B, -1)
+
+    def _latent_attention(self, q: torch.Tensor, parts: list[torch.Tensor]) -> torch.Tensor:
+        """q [H, r + rope] over the rows of ``parts`` -> [H, r]; V is the row's latent (its first r columns)."""
+        r = self.cfg.kv_lora_rank
+        parts = [p.to(q.dtype) for p in parts]
+        scores = torch.cat([q @ p.T for p in parts], dim=-1).float() * self.scale
+        probs = scores.softmax(dim=-1).to(q.dtype)
+        out, at = None, 0
+        for p in parts:
+            term = probs[:, at: at + p.shape[0]] @ p[:, :r]
+            out = term if out is None else out + term
+            at += p.shape[0]
+        return out
 
     def _prefill_attention(self, q_nope, q_pe, own_rows, pool, seg: PrefillSegment) -> torch.Tensor:
         """Causal attention of a run of T queries at positions start.. over rows 0..start+T.
@@ -131,9 +147,8 @@ class MLAttention(nn.Module):
         T = q_nope.shape[0]
         out, lse = self._attend(q_nope, q_pe, own_rows, causal=True)
         if seg.start > 0:
-            prefix = pool[seg.read_rows[: seg.start]].to(q_nope.dtype)
-            out_p, lse_p = self._attend(q_nope, q_pe, prefix, causal=False)
-            out = _merge(out, lse, out_p, lse_p)
+            for part in read_rows(pool, seg.prefix):
+                out, lse = _merge(out, lse, *self._attend(q_nope, q_pe, part.to(q_nope.dtype), causal=False))
         return out.reshape(T, -1)
 
     def _attend(self, q_nope, q_pe, kv, causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -190,8 +205,10 @@ def _sdpa_lse(q, k, v, causal: bool, scale: float) -> tuple[torch.Tensor, torch.
     return ((scores - lse[..., None]).exp() @ v.float()).to(q.dtype), lse
 
 
-def _merge(out_a, lse_a, out_b, lse_b) -> torch.Tensor:
-    """Softmax-weighted union of two attention parts over disjoint keys (out [T, H, v], lse [T, H])."""
+def _merge(out_a, lse_a, out_b, lse_b) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention over the union of two disjoint key sets from its parts (out [T, H, v], lse [T, H])."""
     top = torch.maximum(lse_a, lse_b)
-    w_a, w_b = (lse_a - top).exp()[..., None], (lse_b - top).exp()[..., None]
-    return ((out_a.float() * w_a + out_b.float() * w_b) / (w_a + w_b)).to(out_a.dtype)
+    w_a, w_b = (lse_a - top).exp(), (lse_b - top).exp()
+    total = w_a + w_b
+    out = (out_a.float() * w_a[..., None] + out_b.float() * w_b[..., None]) / total[..., None]
+    return out.to(out_a.dtype), top + total.log()
