@@ -17,6 +17,7 @@ DEFAULT_PORT = 8000
 # RuntimeConfig's defaults, repeated so that --help does not import torch
 # (tests/test_server_cli.py checks they agree).
 SERVE_DEFAULTS = {"dtype": "float32", "device": "cpu", "max_cache_tokens": 65536, "model_name": "leyline-default"}
+DRIFT_BUDGET_DEFAULT = 1.0  # AutoConfig.drift_budget (checked by the same test)
 
 Command = tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]
 
@@ -42,10 +43,26 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                         "service is open, unless LEYLINE_API_KEYS (comma-separated) is set")
     p.add_argument("--model-name", default=defaults.model_name,
                    help="model id reported by /v1/models and in completions (default: %(default)s)")
+    p.add_argument("--drift-budget", type=_drift_budget, metavar="X", default=DRIFT_BUDGET_DEFAULT,
+                   help="per-session budget for the drift that mode \"auto\" edits leave (the sum of their "
+                        "measured signals); past it the session is re-prefilled from its earliest drifted "
+                        "token. 'none' turns repairs off (default: %(default)s)")
     p.add_argument("--threads", type=int, metavar="N", default=None,
                    help="torch CPU threads (default: torch's choice)")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
                    help="server log level (default: %(default)s)")
+
+
+def _drift_budget(text: str) -> float | None:
+    if text.strip().lower() == "none":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number or 'none', not {text!r}") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"the drift budget must be a finite number >= 0, not {text!r}")
+    return value
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -69,6 +86,7 @@ def build_runtime(args: argparse.Namespace):
     """Load model, tokenizer and cache in stages, saying what each one got."""
     import torch
 
+    from .auto_mode import AutoConfig
     from .model import load_model
     from .model.default import DEFAULT_MODEL_DIR
     from .runtime import Runtime, RuntimeConfig
@@ -78,7 +96,7 @@ def build_runtime(args: argparse.Namespace):
         torch.set_num_threads(args.threads)
     config = RuntimeConfig(model_path=args.model, dtype=args.dtype, device=args.device,
                            max_cache_tokens=args.max_cache_tokens, api_keys=list(args.api_keys),
-                           model_name=args.model_name)
+                           model_name=args.model_name, auto=AutoConfig(drift_budget=args.drift_budget))
     source = args.model or f"embedded default ({DEFAULT_MODEL_DIR})"
     with stage(f"[1/3] loading model: {source}"):
         dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[args.dtype]

@@ -29,6 +29,8 @@ from leyline_sdk.protocol import (
 )
 
 from . import chat_template as tpl
+from .auto_mode import AutoConfig, AutoMode
+from .drift import DriftState
 from .engine import Engine, Generation
 from .executor import DirectiveExecutor, Plan
 from .kv_cache import BlockPool, BlockTable, ensure_capacity
@@ -54,6 +56,7 @@ class RuntimeConfig:
     sink_tokens: int = 0
     api_keys: list[str] = field(default_factory=list)
     model_name: str = "leyline-default"
+    auto: AutoConfig = field(default_factory=AutoConfig)  # mode "auto" thresholds and the drift budget
 
 
 @dataclass
@@ -63,6 +66,8 @@ class RuntimeStats:
     rotated_tokens: int = 0
     recomputed_tokens: int = 0
     evictions: int = 0
+    drift_repairs: int = 0  # drift-budget re-prefills, all sessions
+    drift_repaired_tokens: int = 0
 
 
 class Runtime:
@@ -81,6 +86,7 @@ class Runtime:
         self._lock = threading.RLock()  # the session map, eviction, commits and counters; never model work
         self.executor = DirectiveExecutor(self.engine, self.tokenizer, sink_tokens=config.sink_tokens,
                                           commit_lock=self._lock)
+        self.auto = AutoMode(self.engine, config.auto)
         self.stats = RuntimeStats()
         self._sessions: dict[tuple[str, str], Session] = {}
         self._evicted: set[tuple[str, str]] = set()
@@ -92,7 +98,8 @@ class Runtime:
         sid = request.session_id or f"sess_{uuid.uuid4().hex[:16]}"
         self._check_new(tenant, sid)
         # Not in the map while it is prefilled: nobody else can reach it yet.
-        session = Session(sid, tenant, BlockTable(self.pool.block_size))
+        session = Session(sid, tenant, BlockTable(self.pool.block_size),
+                          drift=DriftState(budget=self.config.auto.drift_budget))
         self._append(session, request.messages)
         with self._lock:
             if (tenant, sid) in self._sessions:  # a concurrent create won
@@ -129,6 +136,10 @@ class Runtime:
         """Live sessions over all tenants (for metrics)."""
         return len(self._sessions)
 
+    def max_session_drift(self) -> float:
+        """The largest accumulated drift of any live session (for metrics)."""
+        return max((s.drift.drift for s in list(self._sessions.values())), default=0.0)
+
     # -- mutations -----------------------------------------------------------------
 
     def append(self, session_id: str, messages: list[Message], tenant: str = DEFAULT_TENANT,
@@ -149,14 +160,16 @@ class Runtime:
             plan = self.executor.plan(session, batch.directives)
             self._check_positions(len(plan.tokens))
             with self._lock:
-                self._make_room(self._blocks_for_plan(session, plan), session)
-            self.executor.execute(session, plan, rotate=rotate)
-            outcomes = plan.outcomes
-            # rows kept untouched before the first edit are reused too
-            self._tally(session, reused=min((o.token_start for o in outcomes), default=0)
-                        + sum(o.reused_tokens for o in outcomes),
-                        rotated=sum(o.rotated_tokens for o in outcomes),
-                        recomputed=sum(o.recomputed_tokens for o in outcomes))
+                self._make_room(self._blocks_for_plan(session, plan)
+                                + self.auto.reserve_blocks(session, plan), session)
+            self.executor.execute(session, plan, rotate=rotate, finish=self.auto.finish)
+            reused, rotated, recomputed = plan.counts()  # the untouched prefix counts as reused
+            self._tally(session, reused=reused, rotated=rotated, recomputed=recomputed)
+            repaired = sum(o.auto.drift_repair_tokens for o in plan.outcomes if o.auto)
+            if repaired:
+                with self._lock:
+                    self.stats.drift_repairs += 1
+                    self.stats.drift_repaired_tokens += repaired
             return DirectiveResult(
                 session_id=session.session_id, version=session.version, num_tokens=session.num_tokens,
                 num_messages=len(session.messages), outcomes=plan.outcomes,

@@ -199,9 +199,9 @@ def chat(
         raise TypeError(
             "chat() does not stream; point an OpenAI client at base_url + '/v1' to stream"
         )
-    if mode is not None and mode not in ("amortize", "forget"):
+    if mode is not None and mode not in ("amortize", "forget", "auto"):
         raise ValidationFailed(
-            f"mode must be 'amortize' or 'forget', not {mode!r}", status_code=None
+            f"mode must be 'amortize', 'forget' or 'auto', not {mode!r}", status_code=None
         )
     body: dict[str, Any] = {"messages": [_chat_message(m) for m in messages], **sampling}
     if model is not None:
