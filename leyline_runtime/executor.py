@@ -20,7 +20,7 @@ from typing import Callable, Protocol
 import torch
 
 import leyline_kernels as kernels
-from leyline_sdk.errors import InvalidSpan, OverlappingSpans
+from leyline_sdk.errors import InvalidDirective, InvalidSpan, OverlappingSpans
 from leyline_sdk.protocol import AutoDecision, Directive, DirectiveOutcome, Message
 
 from . import chat_template as tpl
@@ -151,11 +151,11 @@ class DirectiveExecutor:
             if a.span.overlaps(b.span):
                 raise OverlappingSpans(f"directives {ia} and {ib} overlap")
         pieces, cursor = [], 0
-        for _, d in items:
+        for i, d in items:
             s, e = d.span.start - lo, d.span.end - lo
             pieces.append(self.tokenizer.decode(content_ids[cursor:s]))
             rep = d.replacement
-            pieces.append(rep if isinstance(rep, str) else self.tokenizer.decode(list(rep)))
+            pieces.append(rep if isinstance(rep, str) else self._token_text(i, list(rep)))
             cursor = e
         pieces.append(self.tokenizer.decode(content_ids[cursor:]))
         old = session.messages[m]
@@ -163,6 +163,14 @@ class DirectiveExecutor:
         modes = {d.mode for _, d in items}
         mode = next(m for m in ("forget", "auto", "amortize") if m in modes)
         return MessageEdit(items[0][0], m, m + 1, [new], [self.tokenizer.encode_message(new)], mode)
+
+    def _token_text(self, i: int, ids: list[int]) -> str:
+        """Token-unit replacement ids as content text; ids outside the vocabulary or special are refused."""
+        bad = [t for t in ids if t >= self.tokenizer.vocab_size or t in self.tokenizer.special_ids]
+        if bad:
+            raise InvalidDirective(f"directive {i}: replacement token ids {bad[:5]} are outside the vocabulary "
+                                   f"(size {self.tokenizer.vocab_size}) or special tokens of the template")
+        return self.tokenizer.decode(ids)
 
     def _token_edits(self, session: Session, edits: list[MessageEdit]) -> list[TokenEdit]:
         off = session.offsets()

@@ -15,6 +15,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -22,7 +23,9 @@ from pathlib import Path
 
 import torch
 
-from leyline_sdk.errors import CapacityExceeded, InvalidDirective, SessionNotFound, VersionConflict
+from leyline_sdk.errors import (
+    CapacityExceeded, InvalidDirective, RequestTooLarge, SessionNotFound, VersionConflict,
+)
 from leyline_sdk.protocol import (
     AppendResult, DirectiveBatch, DirectiveResult, GenerateRequest, GenerateResponse, Message,
     SessionCreate, SessionInfo, TokenLogprob, TopLogprob, Usage,
@@ -38,6 +41,7 @@ from .model import DeepseekForCausalLM, load_model
 from .model.default import DEFAULT_MODEL_DIR
 from .sampling import LogitsProcessor
 from .session import Session
+from .tenancy import Tenancy
 from .tokenizer import ChatTokenizer
 
 DEFAULT_TENANT = "default"
@@ -57,6 +61,7 @@ class RuntimeConfig:
     api_keys: list[str] = field(default_factory=list)
     model_name: str = "leyline-default"
     auto: AutoConfig = field(default_factory=AutoConfig)  # mode "auto" thresholds and the drift budget
+    max_request_tokens: int | None = None  # new tokens one request may add; None: the model's context
 
 
 @dataclass
@@ -88,9 +93,11 @@ class Runtime:
                                           commit_lock=self._lock)
         self.auto = AutoMode(self.engine, config.auto)
         self.stats = RuntimeStats()
+        self.tenancy = Tenancy(num_blocks)
         self._sessions: dict[tuple[str, str], Session] = {}
         self._evicted: set[tuple[str, str]] = set()
         self.max_positions = self.model.config.max_position_embeddings
+        self.max_request_tokens = min(config.max_request_tokens or self.max_positions, self.max_positions)
 
     # -- sessions ------------------------------------------------------------------
 
@@ -140,6 +147,27 @@ class Runtime:
         """The largest accumulated drift of any live session (for metrics)."""
         return max((s.drift.drift for s in list(self._sessions.values())), default=0.0)
 
+    def session_keys(self) -> list[tuple[str, str]]:
+        """``(tenant, session_id)`` of every live session, least recently used first."""
+        with self._lock:
+            return [k for k, _ in sorted(self._sessions.items(), key=lambda kv: kv[1].last_used)]
+
+    def restore_session(self, session_id: str, messages: list[Message], version: int,
+                        tenant: str = DEFAULT_TENANT) -> SessionInfo:
+        """Rebuild a saved session (prefill) at the version it had, so clients' ``expected_version`` holds."""
+        self.create_session(SessionCreate(session_id=session_id, messages=messages), tenant)
+        with self._lock:  # the prefill above ran without it: model work never holds the runtime lock
+            self._sessions[(tenant, session_id)].version = version
+            return self._sessions[(tenant, session_id)].info()
+
+    # Read without the lock (a copy of the dict is atomic under the GIL): a metrics
+    # scrape must not wait for a long prefill.
+    def sessions_per_tenant(self) -> dict[str, int]:
+        return dict(Counter(t for t, _ in list(self._sessions)))
+
+    def blocks_per_tenant(self) -> Counter[str]:
+        return self.tenancy.usage(list(self._sessions.values()))
+
     # -- mutations -----------------------------------------------------------------
 
     def append(self, session_id: str, messages: list[Message], tenant: str = DEFAULT_TENANT,
@@ -158,6 +186,7 @@ class Runtime:
             t0 = time.perf_counter()
             self._check_version(session, batch.expected_version)
             plan = self.executor.plan(session, batch.directives)
+            self._check_request_tokens(sum(len(toks) for e in plan.edits for toks in e.edit.tokens))
             self._check_positions(len(plan.tokens))
             with self._lock:
                 self._make_room(self._blocks_for_plan(session, plan)
@@ -182,8 +211,10 @@ class Runtime:
         ``processors`` (optional) constrain or bias the choice (see :mod:`.sampling`)."""
         with self._hold(tenant, session_id) as session:
             self._check_version(session, request.expected_version)
+            new_tokens = self._encode_new(request.messages)
+            self._check_generation_fits(session.num_tokens + sum(map(len, new_tokens)), request.max_tokens)
             cached = session.num_tokens
-            prefilled = self._append(session, request.messages)
+            prefilled = self._append(session, request.messages, new_tokens)
             message, gen = self._generate(session, request, on_token, processors)
             prompt_len = cached + prefilled + 1  # + the assistant header
             usage = Usage(prompt_tokens=prompt_len, cached_tokens=cached, prefill_tokens=prefilled + 1,
@@ -219,6 +250,40 @@ class Runtime:
         if (tenant, session_id) in self._sessions:
             raise InvalidDirective(f"session {session_id} already exists")
 
+    def _encode_new(self, messages: list[Message]) -> list[list[int]]:
+        new_tokens = self.tokenizer.encode_messages(messages)
+        self._check_request_tokens(sum(map(len, new_tokens)))
+        return new_tokens
+
+    def _check_request_tokens(self, num_tokens: int) -> None:
+        if num_tokens > self.max_request_tokens:
+            raise RequestTooLarge(f"this request adds {num_tokens} tokens; this server takes at most "
+                                  f"{self.max_request_tokens} per request (--max-request-tokens)")
+
+    def _too_big(self, blocks: int) -> None:
+        bs = self.pool.block_size
+        raise CapacityExceeded(f"this request needs {blocks * bs} cache tokens for its session in all (its "
+                               f"history, the new tokens and room for the reply); the cache holds "
+                               f"{self.pool.num_blocks * bs}")
+
+    def _check_generation_fits(self, prompt_tokens: int, max_tokens: int) -> None:
+        """Before anything changes: the prompt plus its reply budget fit the context and the cache."""
+        self._check_positions(prompt_tokens + 1)  # + the assistant header
+        need = self.pool.blocks_for(min(prompt_tokens + 1 + max_tokens + 1, self.max_positions))
+        if need > self.pool.num_blocks:
+            self._too_big(need)
+
+    def check_generation(self, prompt_tokens: int, max_tokens: int) -> None:
+        """Raise what :meth:`generate` would raise for a prompt of ``prompt_tokens`` before changing anything
+        (the chat service calls it before it applies a history's edits)."""
+        self._check_generation_fits(prompt_tokens, max_tokens)
+
+    def edited_length(self, session_id: str, tenant: str, directives: list) -> int:
+        """Tokens the session would hold after ``directives`` (validates them; changes nothing)."""
+        with self._lock:
+            session = self._get(tenant, session_id)
+            return len(self.executor.plan(session, directives).tokens) if directives else session.num_tokens
+
     @contextmanager
     def _hold(self, tenant: str, session_id: str) -> Iterator[Session]:
         """The session, for work serialised with its other work; busy (never evicted) meanwhile."""
@@ -240,21 +305,18 @@ class Runtime:
         if blocks <= self.pool.num_free:
             return
         if blocks > self.pool.num_blocks - len(session.table.blocks):
-            raise CapacityExceeded(
-                f"this request needs {blocks * self.pool.block_size} cache tokens; the cache holds "
-                f"{self.pool.num_blocks * self.pool.block_size} in all")
-        idle = sorted((s for s in self._sessions.values() if s.busy == 0 and s is not session),
-                      key=lambda s: s.last_used)
-        for victim in idle:
+            self._too_big(len(session.table.blocks) + blocks)
+        for victim in self.tenancy.victims(self._sessions.values(), session):
             if blocks <= self.pool.num_free:
                 break
             self.pool.free(victim.table.blocks)
             del self._sessions[(victim.tenant, victim.session_id)]
             self._evicted.add((victim.tenant, victim.session_id))
             self.stats.evictions += 1
+            self.tenancy.stats_of(victim.tenant).evictions += 1
         if blocks > self.pool.num_free:
-            raise CapacityExceeded(f"the cache is full with sessions in use ({self.pool.num_free} blocks free, "
-                                   f"{blocks} needed)")
+            raise CapacityExceeded(f"the cache is full with sessions in use or within other tenants' shares "
+                                   f"({self.pool.num_free} blocks free, {blocks} needed)")
 
     def _blocks_for_plan(self, session: Session, plan: Plan) -> int:
         keep = min(plan.first_change // self.pool.block_size, len(session.table.blocks))
@@ -266,11 +328,12 @@ class Runtime:
             self._make_room(self.pool.blocks_for(num_tokens) - len(session.table.blocks), session)
             ensure_capacity(self.pool, session.table, num_tokens)
 
-    def _append(self, session: Session, messages: list[Message]) -> int:
-        """Prefill only the new messages; returns the number of tokens prefilled."""
+    def _append(self, session: Session, messages: list[Message], new_tokens: list[list[int]] | None = None) -> int:
+        """Prefill only the new messages (``new_tokens``: already encoded); returns the tokens prefilled."""
         if not messages:
             return 0
-        new_tokens = self.tokenizer.encode_messages(messages)
+        if new_tokens is None:
+            new_tokens = self._encode_new(messages)
         flat = [t for toks in new_tokens for t in toks]
         start = session.num_tokens
         blocks_before = len(session.table.blocks)
@@ -291,7 +354,7 @@ class Runtime:
                recomputed: int = 0) -> None:
         """Count prompt tokens on the session and runtime-wide (metrics) alike."""
         with self._lock:
-            for c in (session.counters, self.stats):
+            for c in (session.counters, self.stats, self.tenancy.stats_of(session.tenant)):
                 c.prefilled_tokens += prefilled
                 c.reused_tokens += reused
                 c.rotated_tokens += rotated

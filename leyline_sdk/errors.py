@@ -107,6 +107,27 @@ class ValidationFailed(LeylineError):
     status_code = 422
 
 
+class RequestTooLarge(LeylineError):
+    """A request over one of the server's limits (body, message size, message count, tokens)."""
+
+    code = "request_too_large"
+    status_code = 413
+
+
+class InvalidBody(LeylineError):
+    """The body is not parseable JSON (invalid UTF-8, bad syntax, nested too deep)."""
+
+    code = "invalid_body"
+    status_code = 400
+
+
+class RequestTimeout(LeylineError):
+    """The client did not send its request body within the server's body timeout."""
+
+    code = "request_timeout"
+    status_code = 408
+
+
 class APIStatusError(LeylineError):
     """An HTTP error whose code this SDK does not know (or a malformed response)."""
 
@@ -134,6 +155,9 @@ ERROR_CLASSES: Final[dict[str, type[LeylineError]]] = {
         InvalidSpan,
         OverlappingSpans,
         ValidationFailed,
+        RequestTooLarge,
+        InvalidBody,
+        RequestTimeout,
         APIConnectionError,
         APITimeoutError,
     )

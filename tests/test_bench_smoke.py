@@ -134,3 +134,11 @@ def test_serve(tmp_path):
         assert {"POST /sessions", "POST /sessions/{id}/generate", "POST /directives"} <= level["latency_s"].keys()
         for q in level["latency_s"].values():
             assert q["p50"] <= q["p95"] <= q["p99"]
+
+
+def test_chaos(tmp_path):
+    p = run_bench(tmp_path, "chaos")
+    assert p["server_errors"] == 0 and p["valid_failed"] == 0 and p["healthy_after"]
+    assert p["requests"] == p["valid_requests"] + p["invalid_requests"] > 0
+    assert all(status.startswith("invalid 4") or status.startswith("valid 2") for status in p["status_codes"])
+    assert p["rss_bytes"]["before"] > 0 and p["rss_bytes"]["after"] > 0

@@ -10,10 +10,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import edit, fidelity, kernel, prefill, replay, serve
+from . import chaos, edit, fidelity, kernel, prefill, replay, serve
 from .machine import set_command
 
-SUBCOMMANDS = (edit, kernel, fidelity, prefill, replay, serve)
+SUBCOMMANDS = (edit, kernel, fidelity, prefill, replay, serve, chaos)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from functools import partial
 from typing import Annotated
 
@@ -10,7 +11,7 @@ from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from leyline_sdk.errors import ValidationFailed
-from leyline_sdk.protocol import MAX_ID_LENGTH
+from leyline_sdk.protocol import MAX_ID_LENGTH, SESSION_ID_PATTERN
 
 from ..runtime import Runtime
 from .chat import ChatService
@@ -18,7 +19,7 @@ from .completion import CompletionIds, completion
 from .errors import error_responses
 from .openai_schema import ChatCompletion, ChatCompletionRequest, ModelCard, ModelList
 from .prompt import stop_strings
-from .routes_sessions import RuntimeDep, Tenant
+from .routes_sessions import RuntimeDep, Tenant, check_limits
 from .sse import stream_chat
 from .streaming import DeltaDecoder
 
@@ -33,8 +34,9 @@ _STREAM_DOC = {"text/event-stream": {"schema": {"type": "string"},
 def _bound_session(body: ChatCompletionRequest, header: str | None) -> str | None:
     if body.session_id is not None or not header:
         return body.session_id
-    if len(header) > MAX_ID_LENGTH:
-        raise ValidationFailed(f"{SESSION_HEADER} is longer than {MAX_ID_LENGTH} characters")
+    if not re.fullmatch(SESSION_ID_PATTERN, header):
+        raise ValidationFailed(f"{SESSION_HEADER}: a session id is 1-{MAX_ID_LENGTH} characters of "
+                               "A-Z a-z 0-9 . _ : @ -, starting with a letter or digit")
     return header
 
 
@@ -51,6 +53,7 @@ async def chat_completions(
     service: ChatService = request.app.state.chat
     runtime: Runtime = request.app.state.runtime
     session_id = _bound_session(body, x_leyline_session)
+    check_limits(request, body.messages)
     ids = CompletionIds(runtime.config.model_name)
     run = partial(service.complete, body, tenant, session_id)
     if not body.stream:
