@@ -19,6 +19,8 @@ class ChatTokenizer:
             raise ValueError(f"tokenizer lacks the chat template's special tokens: {missing}")
         self.end_id = self.token_id(tpl.END)
         self.role_ids = {role: self.token_id(tok) for role, tok in tpl.ROLE_TOKENS.items()}
+        self.tool_call_id = self.token_id(tpl.TOOL_CALL)
+        self.end_tool_call_id = self.token_id(tpl.END_TOOL_CALL)
         self.special_ids = {self.token_id(t) for t in tpl.SPECIAL_TOKENS}
 
     @classmethod

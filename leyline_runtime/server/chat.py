@@ -31,10 +31,13 @@ from leyline_sdk.protocol import (
     SessionCreate,
 )
 
+from ..grammar import GrammarCompiler
 from ..metrics import ServiceMetrics
 from ..runtime import Runtime
+from .constraints import Decoding, plan_decoding
+from .context_edits import apply_edits
 from .locks import KeyedLocks
-from .openai_schema import ChatCompletionRequest
+from .openai_schema import AppliedEdit, ChatCompletionRequest
 from .prompt import generate_request, prompt_messages
 
 MAX_ATTEMPTS = 3
@@ -54,6 +57,7 @@ class ChatTurn:
     directives_applied: int = 0
     outcomes: list[DirectiveOutcome] = field(default_factory=list)
     appended: int = 0
+    applied_edits: list[AppliedEdit] = field(default_factory=list)
 
     @property
     def cached_tokens(self) -> int:
@@ -69,11 +73,13 @@ class ChatService:
         self.runtime = runtime
         self.metrics = metrics
         self.session_locks = KeyedLocks()
+        self.grammars = GrammarCompiler(runtime.tokenizer)
 
     def complete(self, request: ChatCompletionRequest, tenant: str, session_id: str | None = None,
                  on_token: OnToken | None = None) -> ChatTurn:
         """Run one chat request to the end (``on_token`` sees tokens as they come)."""
-        messages = prompt_messages(request)
+        decoding = plan_decoding(request, self.runtime.tokenizer, self.grammars)
+        messages, edits = apply_edits(request.context_management, prompt_messages(request), self.runtime.tokenizer)
         started = False
 
         def watch(token: int) -> None:
@@ -85,45 +91,47 @@ class ChatService:
         for attempt in range(MAX_ATTEMPTS):
             try:
                 if session_id is None:
-                    turn = self._stateless(request, messages, tenant, watch)
+                    turn = self._stateless(request, decoding, messages, tenant, watch)
                 else:
                     with self.session_locks.hold((tenant, session_id)):
-                        turn = self._bound(request, messages, session_id, tenant, watch)
+                        turn = self._bound(request, decoding, messages, session_id, tenant, watch)
                 break
             except (_Restart, VersionConflict, SessionNotFound) as exc:
                 if started or attempt == MAX_ATTEMPTS - 1:
                     if isinstance(exc, _Restart):
                         raise VersionConflict(f"session {session_id} kept changing under this request") from exc
                     raise
+        turn.applied_edits = edits
         gen = turn.response
         self.metrics.observe_generation("chat_completions", gen.finish_reason, gen.usage.completion_tokens)
         return turn
 
     # -- the two kinds of request --------------------------------------------------------
 
-    def _stateless(self, request: ChatCompletionRequest, messages: list[Message], tenant: str,
-                   on_token: OnToken) -> ChatTurn:
+    def _stateless(self, request: ChatCompletionRequest, decoding: Decoding, messages: list[Message],
+                   tenant: str, on_token: OnToken) -> ChatTurn:
         sid = f"chat_{uuid.uuid4().hex}"
         info = self.runtime.create_session(SessionCreate(session_id=sid, messages=messages), tenant)
         try:
-            gen = self.runtime.generate(sid, generate_request(request), tenant, on_token=on_token)
+            gen = self.runtime.generate(sid, generate_request(request), tenant, on_token=on_token,
+                                        processors=decoding.processors(self.grammars))
         finally:
             with suppress(SessionNotFound):
                 self.runtime.delete_session(sid, tenant)
         return ChatTurn(gen, None, info.counters.prefilled_tokens + gen.usage.prefill_tokens)
 
-    def _bound(self, request: ChatCompletionRequest, messages: list[Message], sid: str, tenant: str,
-               on_token: OnToken) -> ChatTurn:
+    def _bound(self, request: ChatCompletionRequest, decoding: Decoding, messages: list[Message], sid: str,
+               tenant: str, on_token: OnToken) -> ChatTurn:
         try:
             old, version = self.runtime.session_messages(sid, tenant)
         except SessionNotFound:
-            return self._rebuild(request, messages, sid, tenant, on_token)
+            return self._rebuild(request, decoding, messages, sid, tenant, on_token)
         mode = request.leyline.mode if request.leyline else "amortize"
         directives, tail = split_append(old, messages, mode=mode)
         if len(directives) > MAX_DIRECTIVES:
             with suppress(SessionNotFound):
                 self.runtime.delete_session(sid, tenant)
-            return self._rebuild(request, messages, sid, tenant, on_token)
+            return self._rebuild(request, decoding, messages, sid, tenant, on_token)
         outcomes: list[DirectiveOutcome] = []
         if directives:
             batch = DirectiveBatch(session_id=sid, directives=directives, expected_version=version)
@@ -131,13 +139,14 @@ class ChatService:
             self.metrics.observe_directives(result)
             version, outcomes = result.version, result.outcomes
         gen = self.runtime.generate(sid, generate_request(request, messages=tail, expected_version=version),
-                                    tenant, on_token=on_token)
+                                    tenant, on_token=on_token,
+                                    processors=decoding.processors(self.grammars))
         recomputed = sum(o.recomputed_tokens for o in outcomes)
         return ChatTurn(gen, sid, recomputed + gen.usage.prefill_tokens, directives_applied=len(directives),
                         outcomes=outcomes, appended=len(tail))
 
-    def _rebuild(self, request: ChatCompletionRequest, messages: list[Message], sid: str, tenant: str,
-                 on_token: OnToken) -> ChatTurn:
+    def _rebuild(self, request: ChatCompletionRequest, decoding: Decoding, messages: list[Message], sid: str,
+                 tenant: str, on_token: OnToken) -> ChatTurn:
         try:
             info = self.runtime.create_session(SessionCreate(session_id=sid, messages=messages), tenant)
         except InvalidDirective as exc:
@@ -145,6 +154,6 @@ class ChatService:
                 raise _Restart() from exc
             raise
         gen = self.runtime.generate(sid, generate_request(request, expected_version=info.version), tenant,
-                                    on_token=on_token)
+                                    on_token=on_token, processors=decoding.processors(self.grammars))
         return ChatTurn(gen, sid, info.counters.prefilled_tokens + gen.usage.prefill_tokens, rebuilt=True,
                         appended=len(messages))
