@@ -405,12 +405,11 @@ class Runtime:
         header = self.tokenizer.role_ids["assistant"]
         ended = bool(gen.tokens) and gen.tokens[-1] == self.tokenizer.end_id and gen.stop_string is None
         body_ids = gen.tokens[:-1] if ended else gen.tokens
-        text = self.tokenizer.decode(body_ids)
-        if gen.stop_string is not None:
-            text = text[: text.index(gen.stop_string)]
-        parsed = tpl.parse_assistant(text, call_id_prefix=f"call_{session.session_id[-8:]}_{session.version}")
+        # call ids are random, so they stay unique in a thread whose session is rebuilt
+        parsed = tpl.parse_assistant_tokens(body_ids, self.tokenizer.decode, self.tokenizer.tool_call_id,
+                                            self.tokenizer.end_tool_call_id, stop=gen.stop_string)
         message = Message(role="assistant", content=parsed.content, tool_calls=parsed.tool_calls or None)
-        if ended:
+        if ended and not parsed.malformed:
             return message, [header, *gen.tokens]  # generated tokens are canonical
         return message, self.tokenizer.encode_message(message)
 

@@ -32,6 +32,8 @@ class ChatTokenizer:
         self.plain.encode_special_tokens = True
         self.end_id = self.token_id(tpl.END)
         self.role_ids = {role: self.token_id(tok) for role, tok in tpl.ROLE_TOKENS.items()}
+        self.tool_call_id = self.token_id(tpl.TOOL_CALL)
+        self.end_tool_call_id = self.token_id(tpl.END_TOOL_CALL)
         self.special_ids = {self.token_id(t) for t in tpl.SPECIAL_TOKENS}
         self.longest_token_bytes = max(len(self.token_text(i).encode("utf-8", errors="replace"))
                                        for i in range(self.vocab_size) if i not in self.special_ids)
