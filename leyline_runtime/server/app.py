@@ -6,7 +6,7 @@ import time
 
 from fastapi import FastAPI
 
-from leyline_sdk._version import __version__
+from leyline_sdk.version import __version__
 
 from ..metrics import ServiceMetrics
 from ..runtime import Runtime, RuntimeConfig
