@@ -197,9 +197,10 @@ def _add_train_arguments(p: argparse.ArgumentParser) -> None:
 
 def _run_train(args: argparse.Namespace) -> int:
     require("train", "leyline-runtime train")
-    from leyline_training.cli import run_train
+    from leyline_training import train
 
-    return run_train(args)
+    train.run(args)
+    return 0
 
 
 def _add_evaluate_arguments(p: argparse.ArgumentParser) -> None:
@@ -210,9 +211,10 @@ def _add_evaluate_arguments(p: argparse.ArgumentParser) -> None:
 
 def _run_evaluate(args: argparse.Namespace) -> int:
     require("train", "leyline-runtime evaluate")
-    from leyline_training.cli import run_evaluate
+    from leyline_training import evaluate
 
-    return run_evaluate(args)
+    evaluate.run(args)
+    return 0
 
 
 COMMANDS: dict[str, Command] = {

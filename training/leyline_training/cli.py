@@ -1,7 +1,8 @@
 """The flags of ``leyline-runtime train`` / ``evaluate`` (and ``python -m leyline_training.*``).
 
 Kept free of torch so that building the parser (``--help``) stays instant; the
-trainer and evaluator are imported when a command runs.
+trainer and evaluator (``train.run``, ``evaluate.run``) are imported only when
+a command runs, and they import this module, never the other way round.
 """
 
 from __future__ import annotations
@@ -53,17 +54,3 @@ def add_evaluate_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--records", action="store_true", help="keep per-task records in the JSON")
     ap.add_argument("--out", default=None, help="write the JSON here (default: stdout only)")
-
-
-def run_train(args: argparse.Namespace) -> int:
-    from . import train
-
-    train.run(args)
-    return 0
-
-
-def run_evaluate(args: argparse.Namespace) -> int:
-    from . import evaluate
-
-    evaluate.run(args)
-    return 0
