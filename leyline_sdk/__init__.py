@@ -12,7 +12,7 @@ Light by design: needs only pydantic and httpx (never torch).
         reply = client.generate(info.session_id, tail)
 """
 
-from ._version import __version__
+from .version import __version__
 from .client import AsyncLeylineClient, LeylineClient
 from .diff import apply_directives, diff_messages, split_append
 from .errors import (

@@ -65,7 +65,7 @@ def test_edit(tmp_path):
 
 def test_kernel(tmp_path):
     p = run_bench(tmp_path, "kernel", "--rows", "1024", "--reps", "2")
-    assert {r["dtype"] for r in p["results"]} == {"fp32", "bf16"}
+    assert {r["dtype"] for r in p["results"]} == {"float32", "bfloat16"}
     for r in p["results"]:
         assert {"copy", "torch"} <= r["gb_per_s"].keys()
         assert r["torch_vs_copy"] > 0
