@@ -51,7 +51,8 @@ def serve_command(model: str | Path, port: int, *, dtype: str, max_model_len: in
            "--host", "127.0.0.1", "--port", str(port), "--dtype", dtype,
            "--max-model-len", str(max_model_len), "--served-model-name", "leyline-tiny-mla",
            "--kv-transfer-config", json.dumps(CONNECTOR_CONFIG),
-           "--worker-extension-cls", "leyline_vllm.worker.LeylineWorkerExtension"]
+           "--worker-extension-cls", "leyline_vllm.worker.LeylineWorkerExtension",
+           "--enable-prompt-tokens-details"]
     if vllm_on_cpu():
         # vLLM's CPU rotary op rotates 3-D queries wrongly; eager mode skips a slow compile on small CPUs.
         cmd += ["-cc", json.dumps({"custom_ops": ["all", "-rotary_embedding"]}), "--enforce-eager"]

@@ -16,15 +16,10 @@ import pytest
 vllm = pytest.importorskip("vllm", reason="vLLM is not installed here: run `make test-vllm` (builds .venv-vllm)")
 
 from leyline_bench.vllm_model import make_tiny_mla_checkpoint  # noqa: E402
-from leyline_bench.vllm_server import VllmServer, has_amx, vllm_on_cpu  # noqa: E402
+from leyline_bench.vllm_server import VllmServer  # noqa: E402
 
 FAULT_SESSIONS = ["fault-amortize", "fault-forget"]
 NO_ROTATE_SESSIONS = ["norotate-amortize"]
-
-# Without AMX, vLLM's CPU MLA backend switches its prefix cache off: the tests that need it say so.
-NO_PREFIX_CACHE = vllm_on_cpu() and not has_amx()
-NO_PREFIX_CACHE_REASON = ("this CPU has no AMX: vLLM's CPU_MLA backend disables prefix caching "
-                          "(vLLM's own prefix cache cannot be exercised here)")
 
 
 # While iterating: reuse a server started with the same environment (and its checkpoint folder).

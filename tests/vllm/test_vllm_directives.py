@@ -17,6 +17,7 @@ import pytest
 
 from leyline_sdk import LeylineClient
 from leyline_sdk.protocol import Directive, Message, Span
+from vllm_support import NO_PREFIX_CACHE, NO_PREFIX_CACHE_REASON
 
 BLOCK = 16  # vLLM's CPU MLA block size; CUDA backends use other sizes (the assertions read it from the plan)
 
@@ -229,3 +230,18 @@ def top_k_jsd(p_top: dict[str, float], q_top: dict[str, float]) -> float:
     p, q = p / p.sum(), q / q.sum()
     m = (p + q) / 2
     return float(0.5 * (p * np.log(p / m)).sum() + 0.5 * (q * np.log(q / m)).sum())
+
+
+@pytest.mark.skipif(NO_PREFIX_CACHE, reason=NO_PREFIX_CACHE_REASON)
+def test_vllm_prefix_cache_is_salted_per_session(client, base_url):
+    """Where vLLM keeps its prefix cache (AMX CPUs, GPUs): a plain resend hits it, another session does not."""
+    old = history()
+    body = {"model": "leyline-tiny-mla", "messages": [m.model_dump(exclude_none=True) for m in old],
+            "max_tokens": 1, "temperature": 0}
+    httpx.post(f"{base_url}/v1/chat/completions", json=body, timeout=600).raise_for_status()
+    again = httpx.post(f"{base_url}/v1/chat/completions", json=body, timeout=600).json()
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+    s = sid()
+    _amortize(client, s, old)
+    info = client.create_session(edited(old, 3, REPLACEMENT), session_id=sid("other"))
+    assert info.counters.reused_tokens == 0  # its salt differs: none of s's (spliced) blocks
