@@ -54,6 +54,8 @@ def add_parser(sub) -> None:
     p.add_argument("--no-peer", action="store_true", help="skip the transformers peer")
     p.add_argument("--model", default=None, help="model folder (default: the embedded default model)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--no-warm-up", action="store_true",
+                   help="skip the untimed round on the smallest context (it costs a whole cell)")
     p.add_argument("--max-positions", type=int, default=None,
                    help="raise max_position_embeddings to this for the timing (both sides)")
     p.set_defaults(run=run, quick_overrides={"contexts": [512], "positions": [0.5], "spans": ["message"],
@@ -220,7 +222,7 @@ def run(args, log=print) -> dict:
         if not args.no_peer:
             peer = TransformersPeer(checkpoint_folder(args.model, runtime.model, scratch), runtime.model.dtype,
                                     max_position_embeddings=limit)
-        if not args.quick:
+        if not args.quick and not args.no_warm_up:
             _warm_up(runtime, peer, min(fits))
         cells = [c for n in args.contexts if n <= limit for c in _context_cells(runtime, peer, n, args, log)]
     keys = ("contexts", "positions", "spans", "reps", "no_peer", "model", "dtype", "max_positions")

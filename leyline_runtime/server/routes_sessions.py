@@ -1,7 +1,8 @@
 """Leyline-native endpoints: sessions, appends, generation, directive batches.
 
-Every runtime call runs in a worker thread (the runtime serialises them with
-its own lock), so the event loop stays free while the engine works.
+Every runtime call runs in a worker thread (it waits there for its session
+and for the engine's batched steps), so the event loop stays free while the
+engine works.
 """
 
 from __future__ import annotations
