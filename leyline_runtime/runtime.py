@@ -175,7 +175,7 @@ class Runtime:
         with self._hold(tenant, session_id) as session:
             self._check_version(session, expected_version)
             cached = session.num_tokens
-            prefilled = self._append(session, messages)
+            prefilled, _ = self._append(session, messages)
             return AppendResult(
                 session_id=session_id, version=session.version, num_tokens=session.num_tokens,
                 num_messages=len(session.messages),
@@ -214,8 +214,9 @@ class Runtime:
             new_tokens = self._encode_new(request.messages)
             self._check_generation_fits(session.num_tokens + sum(map(len, new_tokens)), request.max_tokens)
             cached = session.num_tokens
-            prefilled = self._append(session, request.messages, new_tokens)
-            message, gen = self._generate(session, request, on_token, processors)
+            header = [self.tokenizer.role_ids["assistant"]]
+            prefilled, first_logits = self._append(session, request.messages, new_tokens, then=header)
+            message, gen = self._generate(session, request, on_token, processors, first_logits)
             prompt_len = cached + prefilled + 1  # + the assistant header
             usage = Usage(prompt_tokens=prompt_len, cached_tokens=cached, prefill_tokens=prefilled + 1,
                           completion_tokens=len(gen.tokens),
@@ -328,18 +329,25 @@ class Runtime:
             self._make_room(self.pool.blocks_for(num_tokens) - len(session.table.blocks), session)
             ensure_capacity(self.pool, session.table, num_tokens)
 
-    def _append(self, session: Session, messages: list[Message], new_tokens: list[list[int]] | None = None) -> int:
-        """Prefill only the new messages (``new_tokens``: already encoded); returns the tokens prefilled."""
+    def _append(self, session: Session, messages: list[Message], new_tokens: list[list[int]] | None = None,
+                then: list[int] | None = None) -> tuple[int, torch.Tensor | None]:
+        """Prefill only the new messages (``new_tokens``: already encoded); -> (tokens prefilled,
+        logits after ``then``).
+
+        ``then`` (the next message's header) is prefilled in the same engine
+        step, past the committed tokens, and its logits returned.
+        """
         if not messages:
-            return 0
+            return 0, None
         if new_tokens is None:
             new_tokens = self._encode_new(messages)
         flat = [t for toks in new_tokens for t in toks]
         start = session.num_tokens
         blocks_before = len(session.table.blocks)
-        self._grow(session, start + len(flat))
+        self._grow(session, start + len(flat) + len(then or []))
         try:
-            self.engine.prefill(session.table, flat, start, logits="none")
+            logits = self.engine.prefill(session.table, flat + list(then or []), start,
+                                         logits="last" if then else "none")
         except BaseException:
             self._shrink(session, blocks_before)
             raise
@@ -348,7 +356,7 @@ class Runtime:
             session.message_tokens.extend(new_tokens)
             session.version += 1
             self._tally(session, prefilled=len(flat), reused=start)
-        return len(flat)
+        return len(flat), logits
 
     def _tally(self, session: Session, prefilled: int = 0, reused: int = 0, rotated: int = 0,
                recomputed: int = 0) -> None:
@@ -367,8 +375,12 @@ class Runtime:
 
     def _generate(self, session: Session, request: GenerateRequest,
                   on_token: Callable[[int], None] | None = None,
-                  processors: list[LogitsProcessor] | None = None) -> tuple[Message, Generation]:
-        """Generate one assistant message into the session (header, tokens, end marker)."""
+                  processors: list[LogitsProcessor] | None = None,
+                  first_logits: torch.Tensor | None = None) -> tuple[Message, Generation]:
+        """Generate one assistant message into the session (header, tokens, end marker).
+
+        ``first_logits``: the header's row is already written and these are its logits.
+        """
         start = session.num_tokens
         header = self.tokenizer.role_ids["assistant"]
         blocks_before = len(session.table.blocks)
@@ -379,7 +391,7 @@ class Runtime:
             with self._lock:
                 self._make_room(self.pool.blocks_for(budget) - len(session.table.blocks), session)
                 ensure_capacity(self.pool, session.table, budget)
-            logits = self.engine.prefill(session.table, [header], start)
+            logits = first_logits if first_logits is not None else self.engine.prefill(session.table, [header], start)
             gen = self.engine.decode(session.table, start + 1, logits, request, {self.tokenizer.end_id},
                                      self.max_positions - 1, decode_text=self.tokenizer.decode,
                                      on_token=on_token, processors=processors)

@@ -115,3 +115,21 @@ def test_a_cancelled_generation_stops_alone_and_leaves_its_session_unchanged(rt)
         rt.delete_session(sid)
     rt.delete_session(sids[0])
     assert rt.pool.num_free >= free_before
+
+
+def test_work_on_one_session_never_blocks_another(rt):
+    busy, free = (rt.create_session(SessionCreate(messages=h)).session_id for h in histories()[:2])
+    done = threading.Event()
+
+    def generate_on_the_other() -> None:
+        rt.generate(free, GenerateRequest(max_tokens=3, temperature=0.0))
+        done.set()
+
+    # Hold the first session as a long directive batch or generation would.
+    with rt._hold("default", busy):
+        worker = threading.Thread(target=generate_on_the_other)
+        worker.start()
+        assert done.wait(timeout=300), "a generation waited for another session's work"
+    worker.join()
+    rt.delete_session(busy)
+    rt.delete_session(free)

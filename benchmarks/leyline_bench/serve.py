@@ -1,7 +1,9 @@
 """``leyline-bench serve``: load on a running runtime — N concurrent sessions.
 
-Without ``--base-url`` a runtime is started in-process (uvicorn on
-127.0.0.1, a free port, a background thread). Per concurrency level, two phases:
+Without ``--base-url`` a runtime is started on 127.0.0.1 and a free port:
+``leyline-runtime serve`` in a child process (default; the load generator
+shares no interpreter with it, as real clients don't), or ``--server thread``
+in-process. Per concurrency level, two phases:
 
 1. decode: every session streams ``--stream-requests`` chat turns
    (``/v1/chat/completions``, bound to its session, ``--stream-max-tokens``):
@@ -20,7 +22,7 @@ import os
 
 from leyline_runtime.runtime import RuntimeConfig
 from . import plots
-from .inproc import serve_in_thread
+from .inproc import serve_in_subprocess, serve_in_thread
 from .loadgen import run_level, run_stream_level
 from .output import md_table, write_results
 from .stats import percentile, ratio
@@ -36,6 +38,8 @@ def add_parser(sub) -> None:
     p.add_argument("--stream-requests", type=int, default=4, help="streamed chat turns per session (decode phase)")
     p.add_argument("--stream-max-tokens", type=int, default=32)
     p.add_argument("--api-key", default=None)
+    p.add_argument("--server", default="process", choices=["process", "thread"],
+                   help="without --base-url: run the server in a child process (default) or a thread")
     p.add_argument("--model", default=None)
     p.set_defaults(run=run, quick_overrides={"concurrency": [1, 2], "loops": 1, "max_tokens": 2,
                                              "stream_requests": 1, "stream_max_tokens": 4})
@@ -44,7 +48,11 @@ def add_parser(sub) -> None:
 def _server(args):
     if args.base_url:
         return contextlib.nullcontext(args.base_url)
-    return serve_in_thread(RuntimeConfig(model_path=args.model, api_keys=[args.api_key] if args.api_key else []))
+    if args.server == "thread":
+        return serve_in_thread(RuntimeConfig(model_path=args.model, api_keys=[args.api_key] if args.api_key else []))
+    cli = [*(["--model", args.model] if args.model else []), *(["--api-key", args.api_key] if args.api_key else []),
+           *(["--threads", str(args.threads)] if args.threads else [])]
+    return serve_in_subprocess(cli)
 
 
 def _decode_stats(rec, wall: float) -> dict:
@@ -85,7 +93,7 @@ def run(args, log=print) -> dict:
                 f" ms; {s['loops']} edit loops in {wall:.1f} s ({s['requests_per_s']:.2f} req/s), "
                 f"errors {s['errors'] + decode['errors']}")
     errors = sum(s["errors"] + s["decode"]["errors"] for s in levels)
-    result = {"benchmark": "serve", "base_url": args.base_url or "in-process",
+    result = {"benchmark": "serve", "base_url": args.base_url or f"local ({args.server})",
               "settings": {"concurrency": args.concurrency, "loops": args.loops, "max_seconds": args.max_seconds,
                            "max_tokens": args.max_tokens, "stream_requests": args.stream_requests,
                            "stream_max_tokens": args.stream_max_tokens},

@@ -1,11 +1,11 @@
 """Leyline-native endpoints: sessions, appends, generation, directive batches.
 
-Every runtime call runs in a worker thread (the runtime serialises them with
-its own lock), so the event loop stays free while the engine works. Calls
-that change a session also hold that session's lock, shared with the chat
-service, so a chat turn's steps never interleave with another request on
-its session. Request limits are checked first: a refused request never
-reaches the runtime.
+Every runtime call runs in a worker thread (it waits there for its session
+and for the engine's batched steps), so the event loop stays free while the
+engine works. Calls that change a session also hold that session's lock,
+shared with the chat service, so a chat turn's steps never interleave with
+another request on its session. Request limits are checked first: a refused
+request never reaches the runtime.
 """
 
 from __future__ import annotations
