@@ -17,7 +17,7 @@ DEFAULT_PORT = 8000
 # RuntimeConfig's defaults, repeated so that --help does not import torch
 # (tests/test_server_cli.py checks they agree).
 SERVE_DEFAULTS = {"dtype": "float32", "device": "cpu", "max_cache_tokens": 65536, "model_name": "leyline-default"}
-DRIFT_BUDGET_DEFAULT = 1.0  # AutoConfig.drift_budget (checked by the same test)
+DRIFT_BUDGET_DEFAULT = 24.0  # AutoConfig.drift_budget (checked by the same test)
 
 Command = tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]
 
