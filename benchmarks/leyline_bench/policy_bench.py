@@ -117,9 +117,11 @@ def _run_model(job) -> tuple[dict, dict, list[str]]:
 
 
 def _line(rec: dict) -> str:
+    forget = rec["arms"]["forget"]["recomputed"] or 1
     parts = []
     for p, a in rec["arms"].items():
-        parts.append(f"{p}: rec {a['recomputed']} p90 {fmt(percentile(a['next_jsd'], 90))}")
+        parts.append(f"{p}: share {a['recomputed'] / forget:.3f} probe p90 {fmt(percentile(a['probe_jsd'], 90))} "
+                     f"turn p90 {fmt(percentile(a['next_jsd'], 90))} top-1 {fmt(_mean(a['next_top1']))}")
     return "; ".join(parts)
 
 
