@@ -1,7 +1,7 @@
 """A session's drift budget: how much amortize error its ``auto`` edits have left behind.
 
-Every amortized ``auto`` edit adds its measured signal (see :mod:`.auto_mode`) to
-the session's drift; once the sum passes the budget the runtime re-prefills from
+Every amortized ``auto`` edit adds its measured signal, weighted by depth (see
+:mod:`.auto_mode`), to the session's drift; once the sum passes the budget the runtime re-prefills from
 the earliest position an amortized edit touched, after which the session's
 cache equals an honest prefill of its history again and the drift is zero.
 Plain bookkeeping: positions and sums, no tensors.

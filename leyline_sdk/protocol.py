@@ -181,8 +181,9 @@ class AutoDecision(BaseModel):
     layer1_change: float | None = None
     signal_tokens: int = 0  # positions the signal was measured on (one layer each)
     repaired_tokens: int = 0  # tail rows recomputed after the splice
-    # The session's accumulated drift after this directive and, when it passed the drift
-    # budget, the rows re-prefilled from the earliest drifted position (then drift is 0).
+    # The session's accumulated drift after this directive (the sum of its amortized auto
+    # edits' layer1_change x (num_layers - 1)) and, when that passed the drift budget, the
+    # rows re-prefilled from the earliest drifted position (then drift is 0).
     session_drift: float = 0.0
     drift_repair_tokens: int = 0
 

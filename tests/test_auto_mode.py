@@ -102,7 +102,8 @@ def test_auto_below_threshold_amortizes_and_counts_drift(rt, auto):
     assert o.auto.choice == "amortize" and o.auto.reason == "below_threshold"
     assert o.recomputed_tokens == 0 and torch.equal(rows(rt, plain), rows(rt, s))
     info = rt.get_session(s.session_id, T)
-    assert info.drift.drift == pytest.approx(o.auto.layer1_change) == pytest.approx(o.auto.session_drift)
+    layers = rt.model.config.num_hidden_layers  # the stale layer-1 rows feed the layers above
+    assert info.drift.drift == pytest.approx(o.auto.layer1_change * (layers - 1)) == pytest.approx(o.auto.session_drift)
     assert info.drift.earliest_position == o.token_start and info.drift.repairs == 0
 
 
@@ -141,7 +142,7 @@ def test_drift_budget_triggers_a_repair_and_the_session_equals_R(rt, auto):
     s = session(rt, h)
     first = apply(rt, s, drop_failed_attempt("auto")).outcomes[0]
     assert first.auto.drift_repair_tokens == 0 and not equals_fresh_prefill(rt, s)
-    auto(forget_threshold=INF, repair_threshold=INF, drift_budget=first.auto.layer1_change)
+    auto(forget_threshold=INF, repair_threshold=INF, drift_budget=first.auto.session_drift)
     edited = s.messages[5].model_copy(update={"content": "\n".join(s.messages[5].content.split("\n")[:8])})
     o = apply(rt, s, Directive(span=Span(start=5, end=6), replacement=[edited], mode="auto")).outcomes[0]
     assert o.auto.choice == "amortize" and o.auto.session_drift == 0.0
@@ -149,7 +150,7 @@ def test_drift_budget_triggers_a_repair_and_the_session_equals_R(rt, auto):
     assert equals_fresh_prefill(rt, s)
     info = rt.get_session(s.session_id, T).drift
     assert (info.drift, info.earliest_position, info.repairs) == (0.0, None, 1)
-    assert info.budget == first.auto.layer1_change
+    assert info.budget == first.auto.session_drift
 
 
 def test_auto_policy_and_forced_auto():

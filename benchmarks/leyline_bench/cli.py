@@ -57,7 +57,8 @@ def main(argv: list[str] | None = None) -> int:
 
         torch.set_num_threads(args.threads)
     payload = args.run(args)
-    print(f"wrote {args.out}/{args.command}.json and {args.out}/{args.command}.md")
+    name = payload.get("benchmark", args.command)
+    print(f"wrote {args.out}/{name}.json and {args.out}/{name}.md")
     return 0 if not payload.get("failed") else 1
 
 

@@ -58,7 +58,8 @@ def build_session(tok: ChatTokenizer, seed: int, edits: int = 20, start_tokens: 
             if directives:
                 kind = k
                 break
-        assert directives, "no edit applies"
+        if not directives:
+            raise ValueError(f"no edit applies to step {i} of session {seed}: start from a longer history")
         messages = apply_directives(messages, directives)
         r = next(rounds)
         turn = [r.call.model_copy(deep=True), r.output.model_copy(deep=True)]

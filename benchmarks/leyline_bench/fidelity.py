@@ -37,7 +37,7 @@ def add_parser(sub) -> None:
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     policy_bench.add_arguments(p)
     p.set_defaults(run=run, quick_overrides={"limit": 2, "greedy_tokens": 4, "models": "default", "sessions": 1,
-                                             "edits": 2, "single_cases": 1, "session_tokens": 300})
+                                             "edits": 2, "single_cases": 1, "session_tokens": 500})
 
 
 def load_cases(path: str | Path, categories=None, limit=None) -> list[dict]:
@@ -125,7 +125,7 @@ def summarise(rows: list[dict]) -> dict:
 def run(args, log=print) -> dict:
     cases = load_cases(args.workload, args.categories, args.limit)
     if args.policies:
-        return policy_bench.run(args, cases, log)
+        return policy_bench.run(args, cases)
     # four live sessions (F, R, L, N) of at most max_position_embeddings tokens each
     runtime = Runtime(RuntimeConfig(model_path=args.model, dtype=args.dtype))
     rows = []
