@@ -166,7 +166,7 @@ class DirectiveExecutor:
 
     def _token_text(self, i: int, ids: list[int]) -> str:
         """Token-unit replacement ids as content text; ids outside the vocabulary or special are refused."""
-        bad = [t for t in ids if t >= self.tokenizer.vocab_size or t in self.tokenizer.special_ids]
+        bad = [t for t in ids if t >= self.tokenizer.vocab_size or t in self.tokenizer.control_ids]
         if bad:
             raise InvalidDirective(f"directive {i}: replacement token ids {bad[:5]} are outside the vocabulary "
                                    f"(size {self.tokenizer.vocab_size}) or special tokens of the template")

@@ -104,10 +104,13 @@ class Runtime:
     def create_session(self, request: SessionCreate, tenant: str = DEFAULT_TENANT) -> SessionInfo:
         sid = request.session_id or f"sess_{uuid.uuid4().hex[:16]}"
         self._check_new(tenant, sid)
+        return self._create(sid, tenant, request.messages, self._encode_new(request.messages)).info()
+
+    def _create(self, sid: str, tenant: str, messages: list[Message], tokens: list[list[int]]) -> Session:
         # Not in the map while it is prefilled: nobody else can reach it yet.
         session = Session(sid, tenant, BlockTable(self.pool.block_size),
                           drift=DriftState(budget=self.config.auto.drift_budget))
-        self._append(session, request.messages)
+        self._append(session, messages, tokens)
         with self._lock:
             if (tenant, sid) in self._sessions:  # a concurrent create won
                 self.pool.free(session.table.blocks)
@@ -115,7 +118,7 @@ class Runtime:
             self._sessions[(tenant, sid)] = session
             self._evicted.discard((tenant, sid))
             session.last_used = time.monotonic()
-            return session.info()
+        return session
 
     def get_session(self, session_id: str, tenant: str = DEFAULT_TENANT,
                     include_messages: bool = False) -> SessionInfo:
@@ -155,10 +158,11 @@ class Runtime:
     def restore_session(self, session_id: str, messages: list[Message], version: int,
                         tenant: str = DEFAULT_TENANT) -> SessionInfo:
         """Rebuild a saved session (prefill) at the version it had, so clients' ``expected_version`` holds."""
-        self.create_session(SessionCreate(session_id=session_id, messages=messages), tenant)
-        with self._lock:  # the prefill above ran without it: model work never holds the runtime lock
-            self._sessions[(tenant, session_id)].version = version
-            return self._sessions[(tenant, session_id)].info()
+        # Not a request: --max-request-tokens does not apply. The prefill runs without the runtime lock.
+        session = self._create(session_id, tenant, messages, self.tokenizer.encode_messages(messages))
+        with self._lock:
+            session.version = version
+            return session.info()
 
     # Read without the lock (a copy of the dict is atomic under the GIL): a metrics
     # scrape must not wait for a long prefill.
@@ -274,9 +278,10 @@ class Runtime:
         if need > self.pool.num_blocks:
             self._too_big(need)
 
-    def check_generation(self, prompt_tokens: int, max_tokens: int) -> None:
-        """Raise what :meth:`generate` would raise for a prompt of ``prompt_tokens`` before changing anything
-        (the chat service calls it before it applies a history's edits)."""
+    def check_generation(self, prompt_tokens: int, max_tokens: int, new_tokens: int = 0) -> None:
+        """Raise what :meth:`generate` would raise for a prompt of ``prompt_tokens`` (``new_tokens`` of them
+        new) before changing anything (the chat service calls it before it edits or rebuilds a session)."""
+        self._check_request_tokens(new_tokens)
         self._check_generation_fits(prompt_tokens, max_tokens)
 
     def edited_length(self, session_id: str, tenant: str, directives: list) -> int:

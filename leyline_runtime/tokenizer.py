@@ -35,6 +35,9 @@ class ChatTokenizer:
         self.tool_call_id = self.token_id(tpl.TOOL_CALL)
         self.end_tool_call_id = self.token_id(tpl.END_TOOL_CALL)
         self.special_ids = {self.token_id(t) for t in tpl.SPECIAL_TOKENS}
+        # Ids a client may never send as content: the template's and any other special token of the tokenizer.
+        self.control_ids = self.special_ids | {i for i, t in tokenizer.get_added_tokens_decoder().items()
+                                               if t.special}
         self.longest_token_bytes = max(len(self.token_text(i).encode("utf-8", errors="replace"))
                                        for i in range(self.vocab_size) if i not in self.special_ids)
 
@@ -55,10 +58,6 @@ class ChatTokenizer:
     def encode(self, text: str) -> list[int]:
         """Text as data: special-token strings in it are encoded as their plain bytes."""
         return self.plain.encode(text, add_special_tokens=False).ids
-
-    def min_tokens(self, text: str) -> int:
-        """A lower bound on ``len(encode(text))`` without encoding (no token is longer than this)."""
-        return -(-len(text.encode("utf-8")) // self.longest_token_bytes)
 
     def decode(self, ids: list[int], skip_special: bool = False) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special)

@@ -30,6 +30,8 @@ MIN_SEED, MAX_SEED = -(2**63), 2**64 - 1
 
 def _encodable(text: str) -> str:
     """Text must be valid Unicode: a lone UTF-16 surrogate (JSON ``"\\ud800"``) cannot be encoded."""
+    if text.isascii():  # O(1) in CPython: nothing to check in a large ASCII text
+        return text
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:

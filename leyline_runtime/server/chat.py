@@ -140,7 +140,7 @@ class ChatService:
         directives, tail = split_append(old, messages, mode=mode)
         if len(directives) > MAX_DIRECTIVES:
             prompt = sum(map(len, self.runtime.tokenizer.encode_messages(messages)))
-            self.runtime.check_generation(prompt, generate_request(request).max_tokens)  # before the drop
+            self.runtime.check_generation(prompt, generate_request(request).max_tokens, new_tokens=prompt)
             with suppress(SessionNotFound):
                 self.runtime.delete_session(sid, tenant)
             return self._rebuild(request, decoding, messages, sid, tenant, on_token)
@@ -148,7 +148,7 @@ class ChatService:
         if directives:  # check the whole request before the edits change the session
             tail_tokens = sum(map(len, self.runtime.tokenizer.encode_messages(tail)))
             self.runtime.check_generation(self.runtime.edited_length(sid, tenant, directives) + tail_tokens,
-                                          generate_request(request).max_tokens)
+                                          generate_request(request).max_tokens, new_tokens=tail_tokens)
             batch = DirectiveBatch(session_id=sid, directives=directives, expected_version=version)
             result = self.runtime.apply(batch, tenant)
             self.metrics.observe_directives(result, tenant)

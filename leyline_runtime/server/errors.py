@@ -70,9 +70,12 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
     code = _HTTP_CODES.get(exc.status_code, "http_error")
     headers = getattr(exc, "headers", None)
+    detail = str(exc.detail)
+    if exc.status_code == 400:
+        detail = f"{detail}: it is not UTF-8 JSON, or it is nested too deep"
     if exc.status_code == 405:
         headers = {**(headers or {}), "Allow": ", ".join(allowed_methods(request))}
-    return error_response(exc.status_code, code, str(exc.detail), headers)
+    return error_response(exc.status_code, code, detail, headers)
 
 
 def allowed_methods(request: Request) -> list[str]:

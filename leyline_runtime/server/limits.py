@@ -40,7 +40,11 @@ def message_bytes(message: Message) -> int:
     parts = [message.content, message.name or ""]
     for call in message.tool_calls or []:
         parts += [call.function.name, call.function.arguments]
-    return sum(len(p.encode("utf-8")) for p in parts)
+    return sum(utf8_length(p) for p in parts)
+
+
+def utf8_length(text: str) -> int:
+    return len(text) if text.isascii() else len(text.encode("utf-8"))  # isascii is O(1)
 
 
 def check_messages(limits: Limits, tokenizer: ChatTokenizer, max_tokens: int, messages: list[Message],
@@ -65,7 +69,7 @@ def check_text(limits: Limits, tokenizer: ChatTokenizer, max_tokens: int, texts:
                where: str) -> None:
     """The same bounds for token-unit replacement text."""
     for text in texts:
-        size = len(text.encode("utf-8"))
+        size = utf8_length(text)
         if size > limits.max_message_bytes:
             raise RequestTooLarge(f"{where}: {size} bytes of text; this server takes at most "
                                   f"{limits.max_message_bytes} per message (--max-message-bytes)")

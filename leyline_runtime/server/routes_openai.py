@@ -18,6 +18,7 @@ from leyline_sdk.protocol import MAX_ID_LENGTH, SESSION_ID_PATTERN
 from ..runtime import Runtime
 from .chat import ChatService
 from .completion import CompletionIds, completion
+from .json_body import OrjsonRoute
 from .openai_errors import OpenAIError, OpenAIRoute, openai_error_responses
 from .openai_schema import ChatCompletion, ChatCompletionRequest, ModelCard, ModelList
 from .prompt import stop_strings
@@ -25,7 +26,12 @@ from .routes_sessions import RuntimeDep, Tenant, check_limits
 from .sse import stream_chat
 from .streaming import DeltaDecoder
 
-router = APIRouter(prefix="/v1", tags=["openai"], route_class=OpenAIRoute)
+
+class _Route(OpenAIRoute, OrjsonRoute):
+    """Bodies parsed with orjson; every error answered in OpenAI's shape."""
+
+
+router = APIRouter(prefix="/v1", tags=["openai"], route_class=_Route)
 
 SESSION_HEADER = "X-Leyline-Session"
 

@@ -36,10 +36,11 @@ from ..metrics import ServiceMetrics
 from ..runtime import Runtime
 from .auth import current_tenant
 from .errors import error_responses
+from .json_body import OrjsonRoute
 from .limits import check_messages, check_text
 
 T = TypeVar("T")
-router = APIRouter(tags=["sessions"])
+router = APIRouter(tags=["sessions"], route_class=OrjsonRoute)
 
 
 def runtime_of(request: Request) -> Runtime:
