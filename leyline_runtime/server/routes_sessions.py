@@ -27,6 +27,7 @@ from leyline_sdk.protocol import (
 from ..metrics import ServiceMetrics
 from ..runtime import Runtime
 from .auth import current_tenant
+from .constraints import native_processors
 from .errors import error_responses
 
 router = APIRouter(tags=["sessions"])
@@ -85,8 +86,9 @@ async def append_messages(body: AppendRequest, session_id: SessionId,
              responses=error_responses(404, 409, 413),
              summary="Optionally append messages, then generate an assistant message (appended too)")
 async def generate(body: GenerateRequest, session_id: SessionId, runtime: RuntimeDep, metrics: MetricsDep,
-                   tenant: Tenant) -> GenerateResponse:
-    result = await run_in_threadpool(runtime.generate, session_id, body, tenant)
+                   tenant: Tenant, request: Request) -> GenerateResponse:
+    processors = native_processors(body, runtime.tokenizer, request.app.state.chat.grammars)
+    result = await run_in_threadpool(runtime.generate, session_id, body, tenant, None, processors)
     metrics.observe_generation("generate", result.finish_reason, result.usage.completion_tokens)
     return result
 
