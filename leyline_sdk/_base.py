@@ -35,7 +35,6 @@ from .protocol import (
     GenerateResponse,
     Message,
     Mode,
-    SamplingParams,
     SessionCreate,
     SessionInfo,
     SessionList,
@@ -164,13 +163,17 @@ def append(
     )
 
 
+_GENERATE_OPTIONS = {k: v for k, v in GenerateRequest.model_fields.items()
+                     if k not in ("messages", "expected_version")}
+
+
 def generate(
     session_id: str,
     messages: Sequence[MessageLike] | None,
     expected_version: int | None,
     sampling: Mapping[str, Any],
 ) -> Call[GenerateResponse]:
-    _reject_unknown("generate", sampling, SamplingParams.model_fields)
+    _reject_unknown("generate", sampling, _GENERATE_OPTIONS)
     body = _validated(
         GenerateRequest,
         messages=list(messages or []),

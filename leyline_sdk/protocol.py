@@ -316,6 +316,15 @@ class SamplingParams(BaseModel):
 class GenerateRequest(SamplingParams):
     messages: list[Message] = Field(default_factory=list)
     expected_version: int | None = Field(default=None, ge=0)
+    # Constrained decoding, in OpenAI's shapes (checked by the runtime). Omitted: free text.
+    tools: list[dict[str, Any]] | None = Field(
+        default=None, max_length=128,
+        description="OpenAI function tools: a tool call can only name one of these, with arguments valid "
+                    "against its schema; [] forbids tool calls. The prompt's tools message is the caller's.")
+    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
+    parallel_tool_calls: bool = True
+    response_format: dict[str, Any] | None = Field(
+        default=None, description="OpenAI's response_format: json_object or json_schema")
 
 
 class GenerateResponse(BaseModel):

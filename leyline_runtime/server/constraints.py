@@ -13,6 +13,9 @@
 
 The arguments are written exactly as the template renders calls
 (``json.dumps`` separators), so a constrained reply looks like a trained one.
+Numbers are written with at most six decimals (``multipleOf`` 1e-6 where a schema
+sets none): still valid against the schema, and a small model sampling at
+temperature 1 cannot spend its whole budget on the digits of one number.
 """
 
 from __future__ import annotations
@@ -21,15 +24,22 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import ValidationError
+
+from leyline_sdk.errors import ValidationFailed
+from leyline_sdk.protocol import GenerateRequest
+
 from ..grammar import GrammarCompiler, GrammarError, TokenMask
 from ..sampling import LogitBias, LogitsProcessor, Penalties
 from ..tokenizer import ChatTokenizer
-from .openai_errors import invalid_request
-from .openai_schema import ChatCompletionRequest, NamedToolChoice, ResponseFormatJsonSchema, Tool
+from .errors import describe_validation
+from .openai_errors import OpenAIError, invalid_request
+from .openai_schema import DecodingFields, NamedToolChoice, ResponseFormatJsonSchema, Tool
 
 JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 ANY_OBJECT: dict[str, Any] = {"type": "object"}
 BIAS_LIMIT = 100.0
+NUMBER_STEP = 0.000001  # see the module docstring
 
 
 @dataclass
@@ -55,7 +65,7 @@ class Decoding:
         return out
 
 
-def plan_decoding(request: ChatCompletionRequest, tokenizer: ChatTokenizer, compiler: GrammarCompiler) -> Decoding:
+def plan_decoding(request: DecodingFields, tokenizer: ChatTokenizer, compiler: GrammarCompiler) -> Decoding:
     """Check the request's constraints and compile its grammar; a 400 naming the field if they are bad."""
     check_tool_choice(request)
     grammar = request_grammar(request)
@@ -68,7 +78,7 @@ def plan_decoding(request: ChatCompletionRequest, tokenizer: ChatTokenizer, comp
         presence=request.presence_penalty, frequency=request.frequency_penalty)
 
 
-def check_tool_choice(request: ChatCompletionRequest) -> None:
+def check_tool_choice(request: DecodingFields) -> None:
     names = [t.function.name for t in request.tools or []]
     if len(set(names)) != len(names):
         raise invalid_request("tools: two tools share a name", "tools")
@@ -79,7 +89,7 @@ def check_tool_choice(request: ChatCompletionRequest) -> None:
         raise invalid_request("tool_choice 'required' needs tools", "tool_choice")
 
 
-def request_grammar(request: ChatCompletionRequest) -> str | None:
+def request_grammar(request: DecodingFields) -> str | None:
     """The Lark grammar for the reply, or None for free text."""
     content = _content_schema(request)
     tools = _callable_tools(request)
@@ -103,7 +113,7 @@ def request_grammar(request: ChatCompletionRequest) -> str | None:
     return "\n".join(rules) + "\n"
 
 
-def _callable_tools(request: ChatCompletionRequest) -> list[Tool]:
+def _callable_tools(request: DecodingFields) -> list[Tool]:
     tools = list(request.tools or [])
     choice = request.tool_choice
     if choice == "none":
@@ -113,7 +123,7 @@ def _callable_tools(request: ChatCompletionRequest) -> list[Tool]:
     return tools
 
 
-def _content_schema(request: ChatCompletionRequest) -> dict[str, Any] | None:
+def _content_schema(request: DecodingFields) -> dict[str, Any] | None:
     fmt = request.response_format
     if fmt is None or fmt.type == "text":
         return None
@@ -130,17 +140,31 @@ def _call_schema(tool: Tool) -> dict[str, Any]:
 
 
 def _json_rule(name: str, schema: dict[str, Any]) -> str:
+    schema = _bounded_numbers(schema)
     return f"{name}: %json{json.dumps({**schema, 'x-guidance': JSON_STYLE}, sort_keys=True)}"
 
 
-def _compile(grammar: str, request: ChatCompletionRequest, compiler: GrammarCompiler) -> None:
+def _bounded_numbers(node: Any) -> Any:
+    """``node`` with ``multipleOf`` set on every number schema that has none."""
+    if isinstance(node, list):
+        return [_bounded_numbers(n) for n in node]
+    if not isinstance(node, dict):
+        return node
+    out = {k: _bounded_numbers(v) for k, v in node.items()}
+    types = out.get("type")
+    if (types == "number" or isinstance(types, list) and "number" in types) and "multipleOf" not in out:
+        out["multipleOf"] = NUMBER_STEP
+    return out
+
+
+def _compile(grammar: str, request: DecodingFields, compiler: GrammarCompiler) -> None:
     try:
         compiler.processor(grammar)
     except GrammarError as exc:
         raise invalid_request(f"cannot decode to this schema: {exc}", _culprit(request, compiler)) from exc
 
 
-def _culprit(request: ChatCompletionRequest, compiler: GrammarCompiler) -> str:
+def _culprit(request: DecodingFields, compiler: GrammarCompiler) -> str:
     """The request field whose schema does not compile on its own."""
     for i, tool in enumerate(request.tools or []):
         try:
@@ -150,7 +174,7 @@ def _culprit(request: ChatCompletionRequest, compiler: GrammarCompiler) -> str:
     return "response_format"
 
 
-def _logit_bias(request: ChatCompletionRequest, vocab_size: int) -> dict[int, float]:
+def _logit_bias(request: DecodingFields, vocab_size: int) -> dict[int, float]:
     bias: dict[int, float] = {}
     for key, value in (request.logit_bias or {}).items():
         if not key.strip().isdigit() or int(key) >= vocab_size:
@@ -159,3 +183,19 @@ def _logit_bias(request: ChatCompletionRequest, vocab_size: int) -> dict[int, fl
             raise invalid_request(f"logit_bias: {value} for token {key} is outside [-100, 100]", "logit_bias")
         bias[int(key)] = value
     return bias
+
+
+def native_processors(body: GenerateRequest, tokenizer: ChatTokenizer,
+                      compiler: GrammarCompiler) -> list[LogitsProcessor] | None:
+    """Processors for the native generate route: None (free text) unless it names constraints."""
+    if body.tools is None and body.tool_choice is None and body.response_format is None:
+        return None
+    fields = {"tools": body.tools, "tool_choice": body.tool_choice,
+              "parallel_tool_calls": body.parallel_tool_calls, "response_format": body.response_format}
+    try:
+        decoding = plan_decoding(DecodingFields.model_validate(fields), tokenizer, compiler)
+    except ValidationError as exc:
+        raise ValidationFailed(describe_validation(exc.errors())) from exc
+    except OpenAIError as exc:
+        raise ValidationFailed(exc.message) from exc
+    return decoding.processors(compiler)

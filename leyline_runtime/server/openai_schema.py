@@ -119,7 +119,22 @@ class LeylineOptions(BaseModel):
     mode: Mode = "amortize"
 
 
-class ChatCompletionRequest(BaseModel):
+class DecodingFields(BaseModel):
+    """What constrains or biases the choice of tokens (shared with the native generate route)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tools: list[Tool] | None = Field(default=None, max_length=128)
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool = Field(default=True, description="false: at most one tool call per reply")
+    response_format: ResponseFormat | None = None
+    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    logit_bias: dict[str, float] | None = Field(default=None, max_length=1024,
+                                                description="token id -> bias in [-100, 100]")
+
+
+class ChatCompletionRequest(DecodingFields):
     model_config = ConfigDict(extra="forbid")
 
     messages: list[Message] = Field(min_length=1)
@@ -141,14 +156,6 @@ class ChatCompletionRequest(BaseModel):
     n: int = Field(default=1, ge=1, le=1, description="Only one choice is supported")
     logprobs: bool | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
-    tools: list[Tool] | None = Field(default=None, max_length=128)
-    tool_choice: ToolChoice | None = None
-    parallel_tool_calls: bool = Field(default=True, description="false: at most one tool call per reply")
-    response_format: ResponseFormat | None = None
-    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
-    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
-    logit_bias: dict[str, float] | None = Field(default=None, max_length=1024,
-                                                description="token id -> bias in [-100, 100]")
     context_management: ContextManagement | None = None
     # documented no-ops
     user: str | None = Field(default=None, max_length=256, description="Accepted; not used")
