@@ -65,9 +65,6 @@ class ChatTokenizer:
     def token_text(self, token_id: int) -> str:
         return self.decode([token_id])
 
-    def token_bytes(self, token_id: int) -> list[int]:
-        return list(self.token_text(token_id).encode("utf-8", errors="replace"))
-
     def encode_message(self, message: Message) -> list[int]:
         """Header + body + end marker; never merges with a neighbour."""
         body: list[int] = []

@@ -52,6 +52,7 @@ def build(out: Path) -> tuple[Path, Path]:
     for old in [*out.glob("leyline_kv-*.whl"), *out.glob("leyline_kv_sdk-*.whl")]:
         old.unlink()
     full = pip_wheel(ROOT, out)
+    shutil.rmtree(ROOT / "build", ignore_errors=True)  # setuptools' scratch copy of the packages
     with tempfile.TemporaryDirectory(prefix="leyline-sdk-") as tmp:
         sdk = pip_wheel(stage_sdk(Path(tmp)), out)
     return full, sdk
