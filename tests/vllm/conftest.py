@@ -37,7 +37,7 @@ def checkpoint(tmp_path_factory):
 @pytest.fixture(scope="session")
 def server(checkpoint, tmp_path_factory):
     if REUSE_URL:
-        yield type("Reused", (), {"base_url": REUSE_URL})()
+        yield type("Reused", (), {"base_url": REUSE_URL, "dtype": os.environ.get("LEYLINE_VLLM_TEST_DTYPE", "float32")})()
         return
     env = {"LEYLINE_VLLM_TEST_FAULT_SESSIONS": ",".join(FAULT_SESSIONS),
            "LEYLINE_VLLM_TEST_NO_ROTATE_SESSIONS": ",".join(NO_ROTATE_SESSIONS),
