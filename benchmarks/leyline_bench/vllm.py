@@ -43,6 +43,7 @@ def add_parser(sub) -> None:
     p.add_argument("--repeats", type=int, default=3, help="measurements per cell (median reported)")
     p.add_argument("--traces", default=str(DEFAULT_TRACES), help="JSONL agent traces to replay")
     p.add_argument("--trace-limit", type=int, default=None, help="first N traces only")
+    p.add_argument("--per-pattern", type=int, default=None, help="first N traces of each pattern only")
     p.add_argument("--max-turns", type=int, default=None)
     p.add_argument("--workdir", default=None, help="checkpoint + server logs (default: a temp folder)")
     p.set_defaults(run=run, quick_overrides={"tokens": 512, "repeats": 1, "trace_limit": 1, "max_turns": 3})
@@ -65,7 +66,8 @@ def run(args) -> dict:
     with VllmServer(checkpoint, workdir / "serve") as server, LeylineClient(server.base_url, timeout=900) as client:
         prefix_cache = not _prefix_cache_disabled(server.log_text())
         edits = [_edit_cell(client, server.base_url, tok, renderer, args.tokens, p, args.repeats) for p in POSITIONS]
-        replay = _replay(client, server.base_url, renderer, args.traces, args.trace_limit, args.max_turns)
+        replay = _replay(client, server.base_url, renderer, args.traces, args.trace_limit, args.max_turns,
+                         args.per_pattern)
         startup = server.startup_s
     result = {
         "engine": {"vllm_on_cpu": vllm_on_cpu(), "amx": has_amx(), "dtype": server.dtype,
@@ -144,10 +146,18 @@ def _rotated(items: list, k: int) -> list:
 
 # -- trace replay -------------------------------------------------------------------------------
 
-def _replay(client, base_url: str, renderer, path: str, limit: int | None, max_turns: int | None) -> dict:
+def _replay(client, base_url: str, renderer, path: str, limit: int | None, max_turns: int | None,
+            per_pattern: int | None) -> dict:
     from .replay import load_traces
 
     traces = load_traces(path, limit, max_turns)
+    if per_pattern:
+        kept, seen = [], {}
+        for trace in traces:
+            seen[trace["pattern"]] = seen.get(trace["pattern"], 0) + 1
+            if seen[trace["pattern"]] <= per_pattern:
+                kept.append(trace)
+        traces = kept
     totals = {"prompt": 0, "vllm_cached": 0, "leyline_cached": 0, "vllm_prefix_bound": 0}
     per_trace = []
     for trace in traces:

@@ -19,7 +19,6 @@ from leyline_sdk import LeylineClient
 from leyline_sdk.protocol import Directive, Message, Span
 from vllm_support import NO_PREFIX_CACHE, NO_PREFIX_CACHE_REASON
 
-BLOCK = 16  # vLLM's CPU MLA block size; CUDA backends use other sizes (the assertions read it from the plan)
 
 TOPICS = ["the harbour", "a wool market", "the night train", "an old lighthouse", "the river delta",
           "a mountain pass", "the salt flats", "a paper mill", "the orchard", "a copper mine"]
@@ -87,7 +86,7 @@ def tol(server):
             "row": 2 * 2.0 ** -8 if bf16 else 1e-3}  # of the rows' largest magnitude
 
 
-def test_forget_equals_vllm_fresh_prefill(client, base_url, tol):
+def test_forget_equals_vllm_fresh_prefill(client, base_url, tol, block):
     old = history()
     s = sid()
     client.create_session(old, session_id=s)
@@ -96,11 +95,13 @@ def test_forget_equals_vllm_fresh_prefill(client, base_url, tol):
     assert outcome.applied_mode == "forget" and outcome.fallback_reason is None
     assert outcome.rotated_tokens == 0
     # the prefix before the span was loaded, not computed (whole blocks)
-    assert outcome.reused_tokens == outcome.token_start - outcome.token_start % BLOCK > 0
+    prefix_blocks = outcome.token_start - outcome.token_start % block
+    assert outcome.reused_tokens % block == 0 and prefix_blocks <= outcome.reused_tokens < outcome.token_start + block
+    assert prefix_blocks > 0
     new = edited(old, 3, REPLACEMENT)
     got = greedy(client, s)
     assert_same_generation(got, fresh_reference(base_url, new), tol["logprob"])
-    assert got.usage.cached_tokens >= result.num_tokens - result.num_tokens % BLOCK - BLOCK
+    assert got.usage.cached_tokens >= result.num_tokens - result.num_tokens % block - block
 
 
 def _amortize(client, s: str, old: list[Message]):
@@ -115,20 +116,20 @@ def _rotated_positions(outcome) -> range:
     return range(first, first + outcome.rotated_tokens)
 
 
-def test_amortize_claims_prefix_and_rotated_blocks_and_layer0_rows_match(client, base_url, tol):
+def test_amortize_claims_prefix_and_rotated_blocks_and_layer0_rows_match(client, base_url, tol, block):
     old = history()
     s = sid()
     result = _amortize(client, s, old)
     (outcome,) = result.outcomes
     assert outcome.applied_mode == "amortize", outcome.fallback_reason
-    prefix_blocks = outcome.token_start - outcome.token_start % BLOCK
+    prefix_blocks = outcome.token_start - outcome.token_start % block
     assert outcome.reused_tokens >= prefix_blocks > 0
-    assert outcome.rotated_tokens >= 4 * BLOCK
+    assert outcome.rotated_tokens >= 4 * block
     assert outcome.delta != 0
     moved = _rotated_positions(outcome)
     # the edited prompt's cached tokens: at least prefix + rotated full blocks
     got = greedy(client, s)
-    assert got.usage.cached_tokens >= prefix_blocks + (moved.stop - moved.stop % BLOCK - moved.start)
+    assert got.usage.cached_tokens >= prefix_blocks + (moved.stop - moved.stop % block - moved.start)
 
     fresh = sid("fresh")
     client.create_session(edited(old, 3, REPLACEMENT), session_id=fresh)
