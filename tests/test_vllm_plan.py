@@ -46,3 +46,18 @@ def test_truncate_and_covered():
     assert covered(copies) == 20
     assert truncate(copies, 15) == [RowCopy("a", 0, 0, 10), RowCopy("b", 20, 10, 5, 10)]
     assert covered([RowCopy("a", 0, 0, 10), RowCopy("b", 0, 12, 3)]) == 10  # a gap ends the coverage
+
+
+def test_plugin_never_imports_the_bundled_runtime():
+    """Imports flow one way: the vLLM adapter uses leyline_sdk and leyline_kernels only."""
+    import ast
+    from pathlib import Path
+
+    import leyline_vllm
+
+    for path in Path(leyline_vllm.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            assert not any(n.split(".")[0] in ("leyline_runtime", "leyline_langchain", "leyline_bench") for n in names), \
+                f"{path.name} imports {names}"

@@ -5,8 +5,9 @@ random DeepSeek-V2 checkpoint (``vllm_model.py``) and measures, side by side
 in one run:
 
 * edits at 10/50/90% of a 2k-token agent history: Leyline ``amortize`` vs
-  ``forget`` (session-bound chat requests) vs a plain resend of the edited
-  history to vLLM's own endpoint (its prefix cache, where vLLM enables it):
+  ``forget`` (session-bound chat requests) vs a plain resend of the same
+  prompt tokens to vLLM's own ``/v1/completions`` (its prefix cache, where
+  vLLM enables it):
   request latency with one output token (= time to first token) and prompt
   tokens vLLM computed;
 * a replay of the shipped agent traces: cache-hit % (prompt tokens not
@@ -42,6 +43,7 @@ def add_parser(sub) -> None:
     p.add_argument("--repeats", type=int, default=3, help="measurements per cell (median reported)")
     p.add_argument("--traces", default=str(DEFAULT_TRACES), help="JSONL agent traces to replay")
     p.add_argument("--trace-limit", type=int, default=None, help="first N traces only")
+    p.add_argument("--per-pattern", type=int, default=None, help="first N traces of each pattern only")
     p.add_argument("--max-turns", type=int, default=None)
     p.add_argument("--workdir", default=None, help="checkpoint + server logs (default: a temp folder)")
     p.set_defaults(run=run, quick_overrides={"tokens": 512, "repeats": 1, "trace_limit": 1, "max_turns": 3})
@@ -55,11 +57,17 @@ def run(args) -> dict:
 
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="leyline-bench-vllm-"))
     checkpoint = make_tiny_mla_checkpoint(workdir / "tiny-mla")
+    from transformers import AutoTokenizer
+
+    from leyline_vllm.template import ChatRenderer
+
     tok = ChatTokenizer.from_file(runtime_tokenizer_file())
+    renderer = ChatRenderer(AutoTokenizer.from_pretrained(checkpoint))  # the prompts the plugin builds
     with VllmServer(checkpoint, workdir / "serve") as server, LeylineClient(server.base_url, timeout=900) as client:
         prefix_cache = not _prefix_cache_disabled(server.log_text())
-        edits = [_edit_cell(client, server.base_url, tok, args.tokens, p, args.repeats) for p in POSITIONS]
-        replay = _replay(client, server.base_url, args.traces, args.trace_limit, args.max_turns)
+        edits = [_edit_cell(client, server.base_url, tok, renderer, args.tokens, p, args.repeats) for p in POSITIONS]
+        replay = _replay(client, server.base_url, renderer, args.traces, args.trace_limit, args.max_turns,
+                         args.per_pattern)
         startup = server.startup_s
     result = {
         "engine": {"vllm_on_cpu": vllm_on_cpu(), "amx": has_amx(), "dtype": server.dtype,
@@ -72,7 +80,7 @@ def run(args) -> dict:
 
 # -- edits at 10/50/90% ---------------------------------------------------------------------------
 
-def _edit_cell(client, base_url, tok, n_tokens: int, position: float, repeats: int) -> dict:
+def _edit_cell(client, base_url, tok, renderer, n_tokens: int, position: float, repeats: int) -> dict:
     from .histories import history_of_length, make_edit
 
     history = history_of_length(tok, n_tokens)
@@ -81,7 +89,7 @@ def _edit_cell(client, base_url, tok, n_tokens: int, position: float, repeats: i
     arms: dict[str, list[dict]] = {"amortize": [], "forget": [], "vllm_resend": []}
     for r in range(repeats):
         for arm in _rotated(list(arms), r):  # the arms take turns, order rotated per repeat
-            arms[arm].append(_measure(client, base_url, arm, history, edited))
+            arms[arm].append(_measure(client, base_url, renderer, arm, history, edited))
     cell = {"position": position, "history_tokens": n_tokens, "edit_start_token": edit.start_token,
             "span_tokens": edit.span_tokens}
     for arm, samples in arms.items():
@@ -94,17 +102,18 @@ def _edit_cell(client, base_url, tok, n_tokens: int, position: float, repeats: i
     return cell
 
 
-def _measure(client: LeylineClient, base_url: str, arm: str, history: list[Message], edited: list[Message]) -> dict:
+def _measure(client: LeylineClient, base_url: str, renderer, arm: str, history: list[Message],
+             edited: list[Message]) -> dict:
     body = {"model": MODEL, "messages": [m.model_dump(exclude_none=True) for m in edited],
             "max_tokens": 1, "temperature": 0}
     if arm == "vllm_resend":
-        _post(base_url, {**body, "messages": [m.model_dump(exclude_none=True) for m in history]})  # warm its cache
+        _complete(base_url, renderer.ids(history, generation_prompt=True))  # warm its prefix cache
+        ids = renderer.ids(edited, generation_prompt=True)
         started = time.perf_counter()
-        reply = _post(base_url, body)
+        usage = _complete(base_url, ids)["usage"]
         latency = time.perf_counter() - started
-        usage = reply["usage"]
-        cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
-        return {"latency_s": latency, "computed": usage["prompt_tokens"] - cached, "prompt": usage["prompt_tokens"]}
+        return {"latency_s": latency, "computed": usage["prompt_tokens"] - _cached(usage),
+                "prompt": usage["prompt_tokens"]}
     sid = f"bench-{arm}-{time.monotonic_ns()}"
     client.create_session(history, session_id=sid)
     started = time.perf_counter()
@@ -115,10 +124,19 @@ def _measure(client: LeylineClient, base_url: str, arm: str, history: list[Messa
             "prompt": reply["usage"]["prompt_tokens"], "outcomes": reply["leyline"]["outcomes"]}
 
 
-def _post(base_url: str, body: dict) -> dict:
-    r = httpx.post(f"{base_url}/v1/chat/completions", json=body, timeout=900)
+def _post(base_url: str, body: dict, path: str = "/v1/chat/completions") -> dict:
+    r = httpx.post(f"{base_url}{path}", json=body, timeout=900)
     r.raise_for_status()
     return r.json()
+
+
+def _complete(base_url: str, ids: list[int]) -> dict:
+    """Plain vLLM: the same prompt tokens the plugin builds, no session, no plugin code on the path."""
+    return _post(base_url, {"model": MODEL, "prompt": ids, "max_tokens": 1, "temperature": 0}, "/v1/completions")
+
+
+def _cached(usage: dict) -> int:
+    return (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
 
 
 def _rotated(items: list, k: int) -> list:
@@ -128,10 +146,18 @@ def _rotated(items: list, k: int) -> list:
 
 # -- trace replay -------------------------------------------------------------------------------
 
-def _replay(client, base_url: str, path: str, limit: int | None, max_turns: int | None) -> dict:
+def _replay(client, base_url: str, renderer, path: str, limit: int | None, max_turns: int | None,
+            per_pattern: int | None) -> dict:
     from .replay import load_traces
 
     traces = load_traces(path, limit, max_turns)
+    if per_pattern:
+        kept, seen = [], {}
+        for trace in traces:
+            seen[trace["pattern"]] = seen.get(trace["pattern"], 0) + 1
+            if seen[trace["pattern"]] <= per_pattern:
+                kept.append(trace)
+        traces = kept
     totals = {"prompt": 0, "vllm_cached": 0, "leyline_cached": 0, "vllm_prefix_bound": 0}
     per_trace = []
     for trace in traces:
@@ -141,15 +167,14 @@ def _replay(client, base_url: str, path: str, limit: int | None, max_turns: int 
         previous: list[int] | None = None
         for turn in trace["turns"]:
             messages = [Message.model_validate(m) for m in turn]
-            body = {"model": MODEL, "messages": [m.model_dump(exclude_none=True) for m in messages],
-                    "max_tokens": 1, "temperature": 0}
-            plain = _post(base_url, body)
-            bound = _post(base_url, {**body, "session_id": sid})
-            prompt = plain["usage"]["prompt_tokens"]
-            row["prompt"] += prompt
-            row["vllm_cached"] += (plain["usage"].get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+            ids = renderer.ids(messages, generation_prompt=True)
+            plain = _complete(base_url, ids)
+            bound = _post(base_url, {"model": MODEL, "messages": [m.model_dump(exclude_none=True) for m in messages],
+                                     "max_tokens": 1, "temperature": 0, "session_id": sid})
+            assert bound["usage"]["prompt_tokens"] == plain["usage"]["prompt_tokens"] == len(ids)
+            row["prompt"] += len(ids)
+            row["vllm_cached"] += _cached(plain["usage"])
             row["leyline_cached"] += bound["usage"]["prompt_tokens_details"]["cached_tokens"]
-            ids = _prompt_ids(base_url, body)
             row["vllm_prefix_bound"] += _block_prefix(previous, ids)
             previous = ids
         client.delete_session(sid)
@@ -159,13 +184,6 @@ def _replay(client, base_url: str, path: str, limit: int | None, max_turns: int 
     hit = {k: totals[k] / totals["prompt"] if totals["prompt"] else None
            for k in ("vllm_cached", "leyline_cached", "vllm_prefix_bound")}
     return {"traces": per_trace, "totals": totals, "hit_rate": hit}
-
-
-def _prompt_ids(base_url: str, body: dict) -> list[int]:
-    r = httpx.post(f"{base_url}/tokenize", json={"model": MODEL, "messages": body["messages"],
-                                                 "add_generation_prompt": True}, timeout=300)
-    r.raise_for_status()
-    return r.json()["tokens"]
 
 
 def _block_prefix(previous: list[int] | None, ids: list[int], block: int = 16) -> int:

@@ -26,8 +26,7 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from leyline_sdk.diff import split_append
-from leyline_sdk.errors import InvalidDirective, LeylineError, ValidationFailed
+from leyline_sdk.errors import LeylineError, ValidationFailed
 from leyline_sdk.protocol import (
     MAX_ID_LENGTH,
     AppendRequest,
@@ -46,7 +45,6 @@ from .template import ChatRenderer
 SESSION_HEADER = "X-Leyline-Session"
 # Exposes a session's saved KV rows over HTTP: for the plugin's own tests and diagnostics only.
 DEBUG_ROUTES_ENV = "LEYLINE_VLLM_DEBUG_ROUTES"
-MAX_DIRECTIVES = 1024
 DEFAULT_MAX_TOKENS = 256
 
 
@@ -227,24 +225,8 @@ async def _bound_chat(service: LeylineService, body: BoundChatRequest, sid: str)
         top_p=1.0 if body.top_p is None else body.top_p, top_k=body.top_k or 0, seed=body.seed,
         stop=[s for s in stops if s] or None, logprobs=bool(body.logprobs),
         top_logprobs=(body.top_logprobs or 0) if body.logprobs else 0)
-    session = service.sessions.get(sid)
-    rebuilt = session is None
-    outcomes, applied, tail = [], 0, messages
-    if rebuilt:
-        await service.create(SessionCreate(session_id=sid))
-        session = service.get(sid)
-    async with session.lock:
-        if not rebuilt:
-            mode = body.leyline.mode if body.leyline else "amortize"
-            directives, tail = split_append(session.messages, messages, mode=mode)
-            if len(directives) > MAX_DIRECTIVES:
-                raise InvalidDirective(f"{len(directives)} edits in one request; the limit is {MAX_DIRECTIVES}")
-            if directives:
-                result = await service._apply(session, DirectiveBatch(session_id=sid, directives=directives))
-                outcomes, applied = result.outcomes, len(directives)
-        response, sync = await service._generate(session, sampling.model_copy(update={"messages": tail}))
-    recomputed = sum(o.recomputed_tokens for o in outcomes)
-    prefilled = recomputed + response.usage.prefill_tokens
+    turn = await service.chat(sid, messages, body.leyline.mode if body.leyline else "amortize", sampling)
+    response, prefilled = turn.response, turn.prefilled
     usage = response.usage
     message = response.message
     content = message.content if not (message.tool_calls and not message.content) else None
@@ -260,9 +242,10 @@ async def _bound_chat(service: LeylineService, body: BoundChatRequest, sid: str)
         "usage": {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
                   "total_tokens": usage.prompt_tokens + usage.completion_tokens,
                   "prompt_tokens_details": {"cached_tokens": max(0, usage.prompt_tokens - prefilled)}},
-        "leyline": {"session_id": sid, "version": response.version, "rebuilt": rebuilt,
-                    "directives_applied": applied, "outcomes": [o.model_dump(mode="json") for o in outcomes],
-                    "appended_messages": len(tail), "prefilled_tokens": prefilled},
+        "leyline": {"session_id": sid, "version": response.version, "rebuilt": turn.rebuilt,
+                    "directives_applied": len(turn.outcomes),
+                    "outcomes": [o.model_dump(mode="json") for o in turn.outcomes],
+                    "appended_messages": turn.appended, "prefilled_tokens": prefilled},
     }
 
 

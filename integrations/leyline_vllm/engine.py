@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 import uuid
 from dataclasses import dataclass
 
@@ -18,8 +17,6 @@ class EngineResult:
     num_cached_tokens: int  # vLLM's count: its prefix cache + the connector's load
     report: LoadReport
     logprobs: list | None  # vLLM's per-token {token_id: Logprob}
-    ttft_s: float
-    elapsed_s: float
 
     @property
     def computed(self) -> int:
@@ -38,17 +35,11 @@ async def run_prompt(engine_client, prompt_ids: list[int], sampling: dict, kv_pa
     prompt = TokensPrompt(prompt_token_ids=list(prompt_ids))
     if cache_salt:
         prompt["cache_salt"] = cache_salt
-    started = time.perf_counter()
-    first = None
     final = None
     async for out in engine_client.generate(prompt, params, request_id=f"leyline-{uuid.uuid4().hex}"):
-        if first is None:
-            first = time.perf_counter()
         final = out
-    done = time.perf_counter()
     completion = final.outputs[0]
     return EngineResult(
         token_ids=list(completion.token_ids), text=completion.text, finish_reason=completion.finish_reason,
         prompt_len=len(prompt_ids), num_cached_tokens=final.num_cached_tokens or 0,
-        report=LoadReport.from_output(final.kv_transfer_params), logprobs=completion.logprobs,
-        ttft_s=(first or done) - started, elapsed_s=done - started)
+        report=LoadReport.from_output(final.kv_transfer_params), logprobs=completion.logprobs)

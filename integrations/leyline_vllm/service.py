@@ -19,7 +19,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from leyline_sdk.diff import apply_directives
+from leyline_sdk.diff import apply_directives, split_append
 from leyline_sdk.errors import CapacityExceeded, InvalidDirective, SessionNotFound, VersionConflict
 from leyline_sdk.protocol import (
     AppendResult,
@@ -29,6 +29,7 @@ from leyline_sdk.protocol import (
     GenerateRequest,
     GenerateResponse,
     Message,
+    Mode,
     Segment,
     SessionCounters,
     SessionCreate,
@@ -44,6 +45,7 @@ from .request_params import request_params
 from .template import ChatRenderer, parse_assistant
 
 ONE_TOKEN = {"max_tokens": 1, "temperature": 0.0}
+MAX_DIRECTIVES = 1024  # DirectiveBatch's limit
 
 
 @dataclass
@@ -61,6 +63,19 @@ class VllmSession:
     def new_key(self) -> str:
         self._keys += 1
         return f"{self.uid}:{self._keys}"
+
+
+@dataclass
+class ChatTurn:
+    response: GenerateResponse
+    outcomes: list[DirectiveOutcome]
+    appended: int
+    rebuilt: bool
+
+    @property
+    def prefilled(self) -> int:
+        """Prompt tokens computed for this request: by its directives and by the generation."""
+        return sum(o.recomputed_tokens for o in self.outcomes) + self.response.usage.prefill_tokens
 
 
 @dataclass
@@ -150,6 +165,25 @@ class LeylineService:
         async with session.lock:
             _check_version(session, batch.expected_version)
             return await self._apply(session, batch)
+
+    async def chat(self, sid: str, messages: list[Message], mode: Mode, sampling: GenerateRequest) -> ChatTurn:
+        """A session-bound chat request: diff the history against the session's, apply the edits as one
+        batch, generate. A session that does not exist is built from the request."""
+        rebuilt = sid not in self.sessions
+        if rebuilt:
+            await self.create(SessionCreate(session_id=sid))
+        session = self.get(sid)
+        async with session.lock:
+            outcomes, tail = [], list(messages)
+            if not rebuilt:
+                directives, tail = split_append(session.messages, messages, mode=mode)
+                if len(directives) > MAX_DIRECTIVES:
+                    raise InvalidDirective(f"{len(directives)} edits in one request; the limit is {MAX_DIRECTIVES}")
+                if directives:
+                    batch = DirectiveBatch(session_id=sid, directives=directives)
+                    outcomes = (await self._apply(session, batch)).outcomes
+            response, _ = await self._generate(session, sampling.model_copy(update={"messages": tail}))
+        return ChatTurn(response, outcomes, len(tail), rebuilt)
 
     # -- the steps (callers hold the session's lock) ------------------------------------------
 

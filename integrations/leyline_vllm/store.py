@@ -29,9 +29,6 @@ class RowStore:
         self.budget_bytes = budget_bytes
         self._entries: OrderedDict[str, Rows] = OrderedDict()
 
-    def __contains__(self, key: str) -> bool:
-        return key in self._entries
-
     def get(self, key: str) -> Rows | None:
         rows = self._entries.get(key)
         if rows is not None:
@@ -50,10 +47,6 @@ class RowStore:
 
     def drop(self, keys) -> int:
         return sum(self._entries.pop(k, None) is not None for k in keys)
-
-    def stats(self) -> dict:
-        return {"entries": len(self._entries), "bytes": sum(r.nbytes for r in self._entries.values()),
-                "budget_bytes": self.budget_bytes}
 
     def _evict(self) -> None:
         total = sum(r.nbytes for r in self._entries.values())

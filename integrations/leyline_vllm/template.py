@@ -10,6 +10,7 @@ messages (the usual case; a template that does not fails loudly here).
 
 from __future__ import annotations
 
+import bisect
 import json
 import re
 import uuid
@@ -49,15 +50,26 @@ class ChatRenderer:
         return list(out)
 
     def segments(self, messages: list[Message]) -> list[tuple[int, int]]:
-        """Token range of every message (rendering each prefix of the history)."""
+        """Token range of every message: where the rendered text of each prefix of the history ends,
+        mapped to tokens through one tokenization of the whole text (its character offsets)."""
+        dicts = [message_dict(m) for m in messages]
+        texts = [self.tokenizer.apply_chat_template(dicts[:k], tokenize=False) for k in range(1, len(dicts) + 1)]
+        if not texts:
+            return []
+        full = texts[-1]
+        if any(not full.startswith(t) for t in texts):
+            raise ValueError("the chat template does not render a history as the concatenation of its messages")
+        enc = self.tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
+        ends = [end for _, end in enc["offset_mapping"]]
         bounds, start = [], 0
-        full = self.ids(messages)
-        for k in range(1, len(messages) + 1):
-            end = len(self.ids(messages[:k]))
+        for text in texts:
+            end = bisect.bisect_right(ends, len(text))  # tokens that end inside this prefix
+            if end and ends[end - 1] != len(text) and end < len(ends):
+                raise ValueError("a message boundary falls inside a token")
             bounds.append((start, end))
             start = end
-        if start != len(full):
-            raise ValueError("the chat template does not render a history as the concatenation of its messages")
+        if start != len(self.ids(messages)):
+            raise ValueError("the chat template's tokens do not match its text")
         return bounds
 
 

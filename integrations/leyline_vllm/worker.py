@@ -27,9 +27,6 @@ class LeylineWorkerExtension:
         """Forget saved rows (a deleted session, a superseded snapshot)."""
         return _connector().store.drop(keys)
 
-    def leyline_store_stats(self) -> dict:
-        return _connector().store.stats()
-
     def leyline_rows(self, key: str, layer: int) -> dict | None:
         """One layer of a saved snapshot as float32 bytes (diagnostics and tests)."""
         entry = _connector().store.get(key)

@@ -2,15 +2,17 @@
 
 Run with ``make test-vllm`` (it builds ``.venv-vllm``). The main suite does not
 collect this folder (``tests/conftest.py``). One server serves every test: its
-start costs minutes on a small CPU. Test hooks in its environment: sessions
-named ``fault-*`` get a fault injected after a partial write of their first
-load; sessions named ``norotate-*`` get rows copied without rotation.
+start costs minutes on a small CPU. Test hooks in its environment: the sessions
+in ``FAULT_SESSIONS`` get a fault injected into their loads after layer 0 is
+written; those in ``NO_ROTATE_SESSIONS`` get rows copied without rotation.
 """
 
 from __future__ import annotations
 
 import os
+import re
 
+import httpx
 import pytest
 
 vllm = pytest.importorskip("vllm", reason="vLLM is not installed here: run `make test-vllm` (builds .venv-vllm)")
@@ -37,7 +39,7 @@ def checkpoint(tmp_path_factory):
 @pytest.fixture(scope="session")
 def server(checkpoint, tmp_path_factory):
     if REUSE_URL:
-        yield type("Reused", (), {"base_url": REUSE_URL})()
+        yield type("Reused", (), {"base_url": REUSE_URL, "dtype": os.environ.get("LEYLINE_VLLM_TEST_DTYPE", "float32")})()
         return
     env = {"LEYLINE_VLLM_TEST_FAULT_SESSIONS": ",".join(FAULT_SESSIONS),
            "LEYLINE_VLLM_TEST_NO_ROTATE_SESSIONS": ",".join(NO_ROTATE_SESSIONS),
@@ -50,3 +52,11 @@ def server(checkpoint, tmp_path_factory):
 @pytest.fixture(scope="session")
 def base_url(server):
     return server.base_url
+
+
+@pytest.fixture(scope="session")
+def block(base_url) -> int:
+    """vLLM's KV block size (16 on CPU MLA, other sizes elsewhere), from its cache_config_info metric."""
+    found = re.search(r'vllm:cache_config_info\{[^}]*block_size="(\d+)"', httpx.get(f"{base_url}/metrics").text)
+    assert found, "vLLM's /metrics has no cache_config_info"
+    return int(found.group(1))
