@@ -44,6 +44,15 @@ class RuntimeCollector(Collector):
                                       value=getattr(stats, f"{kind}_tokens"))
         yield CounterMetricFamily("leyline_evictions", "Idle sessions evicted to make room",
                                   value=stats.evictions)
+        yield CounterMetricFamily("leyline_drift_repairs", "Re-prefills of a session whose auto edits "
+                                  "passed the drift budget", value=stats.drift_repairs)
+        yield CounterMetricFamily("leyline_drift_repaired_tokens", "Tokens re-prefilled by drift repairs",
+                                  value=stats.drift_repaired_tokens)
+        budget = self.runtime.config.auto.drift_budget
+        yield GaugeMetricFamily("leyline_drift_budget", "Per-session drift budget of auto edits (-1: none)",
+                                value=-1.0 if budget is None else budget)
+        yield GaugeMetricFamily("leyline_session_drift_max", "Largest accumulated drift of a live session",
+                                value=self.runtime.max_session_drift())
         yield GaugeMetricFamily("leyline_sessions_live", "Sessions in the cache, all tenants",
                                 value=self.runtime.session_count())
         yield GaugeMetricFamily("leyline_cache_blocks_used", "KV cache blocks in use", value=pool.num_used)
@@ -107,6 +116,9 @@ class ServiceMetrics:
         self.directive_latency = Histogram(
             "leyline_directive_batch_seconds", "Time to apply one directive batch (inside the runtime)",
             ["tenant"], buckets=_LATENCY_BUCKETS, registry=self.registry)
+        self.auto_choices = Counter(
+            "leyline_auto_choices", "What mode \"auto\" chose per directive, and why",
+            ["choice", "reason", "tenant"], registry=self.registry)
         self.completion_tokens = Counter(
             "leyline_completion_tokens", "Tokens generated", ["tenant"], registry=self.registry)
         self.requests = Counter(
@@ -117,6 +129,8 @@ class ServiceMetrics:
         self.directive_latency.labels(tenant).observe(result.elapsed_ms / 1000.0)
         for o in result.outcomes:
             self.directives.labels(o.requested_mode, o.applied_mode, o.fallback_reason or "none", tenant).inc()
+            if o.auto is not None:
+                self.auto_choices.labels(o.auto.choice, o.auto.reason, tenant).inc()
 
     def observe_generation(self, endpoint: str, finish_reason: str, completion_tokens: int,
                            tenant: str = DEFAULT_TENANT) -> None:

@@ -32,6 +32,8 @@ class ChatTokenizer:
         self.plain.encode_special_tokens = True
         self.end_id = self.token_id(tpl.END)
         self.role_ids = {role: self.token_id(tok) for role, tok in tpl.ROLE_TOKENS.items()}
+        self.tool_call_id = self.token_id(tpl.TOOL_CALL)
+        self.end_tool_call_id = self.token_id(tpl.END_TOOL_CALL)
         self.special_ids = {self.token_id(t) for t in tpl.SPECIAL_TOKENS}
         # Ids a client may never send as content: the template's and any other special token of the tokenizer.
         self.control_ids = self.special_ids | {i for i, t in tokenizer.get_added_tokens_decoder().items()
@@ -62,9 +64,6 @@ class ChatTokenizer:
 
     def token_text(self, token_id: int) -> str:
         return self.decode([token_id])
-
-    def token_bytes(self, token_id: int) -> list[int]:
-        return list(self.token_text(token_id).encode("utf-8", errors="replace"))
 
     def encode_message(self, message: Message) -> list[int]:
         """Header + body + end marker; never merges with a neighbour."""

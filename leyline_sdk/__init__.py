@@ -12,7 +12,7 @@ Light by design: needs only pydantic and httpx (never torch).
         reply = client.generate(info.session_id, tail)
 """
 
-from ._version import __version__
+from .version import __version__
 from .client import AsyncLeylineClient, LeylineClient
 from .diff import apply_directives, diff_messages, split_append
 from .errors import (
@@ -40,16 +40,21 @@ from .policy import (
     EditReason,
     ModePolicy,
     default_policy,
+    auto_policy,
     explain_edit,
     force_mode,
 )
 from .protocol import (
     AppendRequest,
     AppendResult,
+    AppliedMode,
+    AutoChoice,
+    AutoDecision,
     Directive,
     DirectiveBatch,
     DirectiveOutcome,
     DirectiveResult,
+    DriftInfo,
     ErrorBody,
     ErrorDetail,
     FunctionCall,
@@ -80,13 +85,17 @@ __all__ = [
     "APITimeoutError",
     "AppendRequest",
     "AppendResult",
+    "AppliedMode",
     "AsyncLeylineClient",
+    "AutoChoice",
+    "AutoDecision",
     "CallStats",
     "CapacityExceeded",
     "Directive",
     "DirectiveBatch",
     "DirectiveOutcome",
     "DirectiveResult",
+    "DriftInfo",
     "EditContext",
     "EditReason",
     "EditRecord",
@@ -127,6 +136,7 @@ __all__ = [
     "VersionConflict",
     "__version__",
     "apply_directives",
+    "auto_policy",
     "default_policy",
     "diff_messages",
     "error_for",

@@ -10,7 +10,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from starlette.concurrency import run_in_threadpool
 
-from leyline_sdk._version import __version__
+from leyline_sdk.version import __version__
 
 from ..metrics import ServiceMetrics
 from ..runtime import Runtime, RuntimeConfig

@@ -1,11 +1,11 @@
 """Leyline-native endpoints: sessions, appends, generation, directive batches.
 
-Every runtime call runs in a worker thread (the runtime serialises them with
-its own lock), so the event loop stays free while the engine works. Calls
-that change a session also hold that session's lock, shared with the chat
-service, so a chat turn's steps never interleave with another request on
-its session. Request limits are checked first: a refused request never
-reaches the runtime.
+Every runtime call runs in a worker thread (it waits there for its session
+and for the engine's batched steps), so the event loop stays free while the
+engine works. Calls that change a session also hold that session's lock,
+shared with the chat service, so a chat turn's steps never interleave with
+another request on its session. Request limits are checked first: a refused
+request never reaches the runtime.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from leyline_sdk.protocol import (
 from ..metrics import ServiceMetrics
 from ..runtime import Runtime
 from .auth import current_tenant
+from .constraints import native_processors
 from .errors import error_responses
 from .json_body import OrjsonRoute
 from .limits import check_messages, check_text
@@ -121,7 +122,9 @@ async def append_messages(body: AppendRequest, session_id: SessionId, request: R
 async def generate(body: GenerateRequest, session_id: SessionId, request: Request, runtime: RuntimeDep,
                    metrics: MetricsDep, tenant: Tenant) -> GenerateResponse:
     check_limits(request, body.messages)
-    result = await on_session(request, tenant, session_id, runtime.generate, session_id, body, tenant)
+    processors = native_processors(body, runtime.tokenizer, request.app.state.chat.grammars)
+    result = await on_session(request, tenant, session_id, runtime.generate, session_id, body, tenant, None,
+                              processors)
     metrics.observe_generation("generate", result.finish_reason, result.usage.completion_tokens, tenant)
     return result
 

@@ -128,10 +128,6 @@ def rendered_documents(n_transcripts: int, stdlib_chars: int, seed: int = 0) -> 
         yield render_transcript(make_transcript(1_000_000_000 + seed * 100_000 + i, "train").messages)
 
 
-def corpus_text(documents: list[str]) -> str:
-    return tpl.END_OF_TEXT.join(documents)
-
-
 # --------------------------------------------------------------------------- tokenisation
 
 
