@@ -33,6 +33,11 @@ DEFAULT_PORT = 8000
 # RuntimeConfig's defaults, repeated so that --help does not import torch
 # (tests/test_server_cli.py checks they agree).
 SERVE_DEFAULTS = {"dtype": "float32", "device": "cpu", "max_cache_tokens": 65536, "model_name": "leyline-default"}
+DRIFT_BUDGET_DEFAULT = 24.0  # AutoConfig.drift_budget (checked by the same test)
+# server.limits.Limits' defaults, for the same reason.
+LIMIT_DEFAULTS = {"max_body_bytes": 8 * 2**20, "max_message_bytes": 2**20, "max_messages": 4096,
+                  "body_timeout": 30.0}
+KEEP_ALIVE_TIMEOUT = 5
 
 Command = tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]
 
@@ -58,10 +63,50 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                         "service is open, unless LEYLINE_API_KEYS (comma-separated) is set")
     p.add_argument("--model-name", default=defaults.model_name,
                    help="model id reported by /v1/models and in completions (default: %(default)s)")
+    p.add_argument("--drift-budget", type=_drift_budget, metavar="X", default=DRIFT_BUDGET_DEFAULT,
+                   help="per-session budget for the drift that mode \"auto\" edits leave (the sum of their "
+                        "measured signals); past it the session is re-prefilled from its earliest drifted "
+                        "token. 'none' turns repairs off (default: %(default)s)")
     p.add_argument("--threads", type=int, metavar="N", default=None,
                    help="torch CPU threads (default: torch's choice)")
+    limits = p.add_argument_group("request limits and timeouts (see docs/operations.md)")
+    limits.add_argument("--max-body-bytes", type=int, metavar="N", default=LIMIT_DEFAULTS["max_body_bytes"],
+                        help="largest request body; larger is 413 request_too_large, unread (default: %(default)s)")
+    limits.add_argument("--max-message-bytes", type=int, metavar="N",
+                        default=LIMIT_DEFAULTS["max_message_bytes"],
+                        help="largest message text (content, name, tool calls; UTF-8 bytes) (default: %(default)s)")
+    limits.add_argument("--max-messages", type=int, metavar="N", default=LIMIT_DEFAULTS["max_messages"],
+                        help="most messages in one request (default: %(default)s)")
+    limits.add_argument("--max-request-tokens", type=int, metavar="N", default=None,
+                        help="most new tokens one request may add (messages, replacements); "
+                             "default: the model's context")
+    limits.add_argument("--body-timeout", type=float, metavar="SECONDS", default=LIMIT_DEFAULTS["body_timeout"],
+                        help="time a client has to send its whole request body; slower is 408 request_timeout "
+                             "and the connection is closed (default: %(default)s)")
+    limits.add_argument("--keep-alive-timeout", type=int, metavar="SECONDS", default=KEEP_ALIVE_TIMEOUT,
+                        help="close idle keep-alive connections after this long (default: %(default)s)")
+    limits.add_argument("--max-connections", type=int, metavar="N", default=None,
+                        help="most concurrent connections and requests; more get 503 (default: no limit)")
+    p.add_argument("--admin-key", dest="admin_keys", metavar="KEY", action="extend", nargs="+", default=[],
+                   help="an API key that sees every tenant's /metrics (repeatable; also a tenant of its own)")
+    p.add_argument("--state-dir", metavar="DIR", default=None,
+                   help="save every session's message history here on shutdown (SIGTERM/SIGINT) and restore "
+                        "it at start, so a restart costs a re-prefill instead of lost history "
+                        "(default: none; sessions live in memory only)")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
                    help="server log level (default: %(default)s)")
+
+
+def _drift_budget(text: str) -> float | None:
+    if text.strip().lower() == "none":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number or 'none', not {text!r}") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"the drift budget must be a finite number >= 0, not {text!r}")
+    return value
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -74,22 +119,31 @@ def run_serve(args: argparse.Namespace) -> int:
     from .model.config import UnsupportedConfig
     from .server import create_app
 
+    from .server.limits import Limits
+
     try:
         runtime = build_runtime(args)
     except (OSError, UnsupportedConfig) as exc:
         return fail(f"cannot load --model {args.model}: {exc}")
-    app = create_app(runtime=runtime)
+    limits = Limits(max_body_bytes=args.max_body_bytes, max_message_bytes=args.max_message_bytes,
+                    max_messages=args.max_messages, body_timeout=args.body_timeout)
+    app = create_app(runtime=runtime, limits=limits, admin_keys=args.admin_keys, state_dir=args.state_dir)
     keys = len(args.api_keys) or len([k for k in os.environ.get("LEYLINE_API_KEYS", "").split(",") if k.strip()])
     say(f"auth: {f'{keys} API key(s), one tenant each' if keys else 'off (no API keys)'}")
     say(f"listening on http://{args.host}:{args.port}  (OpenAI base URL: http://{args.host}:{args.port}/v1)")
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
+                timeout_keep_alive=args.keep_alive_timeout, limit_concurrency=args.max_connections,
+                h11_max_incomplete_event_size=64 * 1024)  # request line + headers
     return 0
 
 
 def serve_arguments_problem(args: argparse.Namespace) -> str | None:
     """What is wrong with ``serve``'s arguments, found before the (slow) model load; None if nothing."""
-    if args.max_cache_tokens <= 0:
-        return "--max-cache-tokens must be positive"
+    for flag in ("max_cache_tokens", "max_body_bytes", "max_message_bytes", "max_messages", "body_timeout",
+                 "max_request_tokens", "max_connections"):
+        value = getattr(args, flag)
+        if value is not None and value <= 0:
+            return f"--{flag.replace('_', '-')} must be positive"
     if args.model is not None:
         problem = model_folder_problem(Path(args.model))
         if problem:
@@ -140,6 +194,7 @@ def build_runtime(args: argparse.Namespace):
     """Load model, tokenizer and cache in stages, saying what each one got."""
     import torch
 
+    from .auto_mode import AutoConfig
     from .model import load_model
     from .model.default import DEFAULT_MODEL_DIR
     from .runtime import Runtime, RuntimeConfig
@@ -149,7 +204,8 @@ def build_runtime(args: argparse.Namespace):
         torch.set_num_threads(args.threads)
     config = RuntimeConfig(model_path=args.model, dtype=args.dtype, device=args.device,
                            max_cache_tokens=args.max_cache_tokens, api_keys=list(args.api_keys),
-                           model_name=args.model_name)
+                           model_name=args.model_name, auto=AutoConfig(drift_budget=args.drift_budget),
+                           max_request_tokens=args.max_request_tokens)
     source = args.model or f"embedded default ({DEFAULT_MODEL_DIR})"
     with stage(f"[1/3] loading model: {source}"):
         dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[args.dtype]

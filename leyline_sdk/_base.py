@@ -35,7 +35,6 @@ from .protocol import (
     GenerateResponse,
     Message,
     Mode,
-    SamplingParams,
     SessionCreate,
     SessionInfo,
     SessionList,
@@ -164,13 +163,17 @@ def append(
     )
 
 
+_GENERATE_OPTIONS = {k: v for k, v in GenerateRequest.model_fields.items()
+                     if k not in ("messages", "expected_version")}
+
+
 def generate(
     session_id: str,
     messages: Sequence[MessageLike] | None,
     expected_version: int | None,
     sampling: Mapping[str, Any],
 ) -> Call[GenerateResponse]:
-    _reject_unknown("generate", sampling, SamplingParams.model_fields)
+    _reject_unknown("generate", sampling, _GENERATE_OPTIONS)
     body = _validated(
         GenerateRequest,
         messages=list(messages or []),
@@ -206,9 +209,9 @@ def chat(
         raise TypeError(
             "chat() does not stream; point an OpenAI client at base_url + '/v1' to stream"
         )
-    if mode is not None and mode not in ("amortize", "forget"):
+    if mode is not None and mode not in ("amortize", "forget", "auto"):
         raise ValidationFailed(
-            f"mode must be 'amortize' or 'forget', not {mode!r}", status_code=None
+            f"mode must be 'amortize', 'forget' or 'auto', not {mode!r}", status_code=None
         )
     body: dict[str, Any] = {"messages": [_chat_message(m) for m in messages], **sampling}
     if model is not None:

@@ -17,10 +17,13 @@ __all__ = [
     "APIStatusError",
     "APITimeoutError",
     "CapacityExceeded",
+    "InvalidBody",
     "InvalidDirective",
     "InvalidSpan",
     "LeylineError",
     "OverlappingSpans",
+    "RequestTimeout",
+    "RequestTooLarge",
     "SessionNotFound",
     "Unauthorized",
     "ValidationFailed",
@@ -124,6 +127,27 @@ class ValidationFailed(APIStatusError):
     status_code = 422
 
 
+class RequestTooLarge(APIStatusError):
+    """A request over one of the server's limits (body, message size, message count, tokens)."""
+
+    code = "request_too_large"
+    status_code = 413
+
+
+class InvalidBody(APIStatusError):
+    """The body is not parseable JSON (invalid UTF-8, bad syntax, nested too deep)."""
+
+    code = "invalid_body"
+    status_code = 400
+
+
+class RequestTimeout(APIStatusError):
+    """The client did not send its request body within the server's body timeout."""
+
+    code = "request_timeout"
+    status_code = 408
+
+
 class APIConnectionError(LeylineError):
     """The request did not get an HTTP response (refused, reset, DNS, ...)."""
 
@@ -145,6 +169,9 @@ ERROR_CLASSES: Final[dict[str, type[LeylineError]]] = {
         InvalidSpan,
         OverlappingSpans,
         ValidationFailed,
+        RequestTooLarge,
+        InvalidBody,
+        RequestTimeout,
         APIConnectionError,
         APITimeoutError,
     )

@@ -16,12 +16,12 @@ from leyline_runtime.extras import MissingExtra, require
 def build_parser() -> argparse.ArgumentParser:
     # The subcommands import torch and the runtime at module level: check the extra first.
     require("bench", "leyline-bench")
-    from . import edit, fidelity, kernel, replay, serve
+    from . import chaos, edit, fidelity, kernel, prefill, replay, serve, vllm
 
     parser = argparse.ArgumentParser(prog="leyline-bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    for module in (edit, kernel, fidelity, replay, serve):
+    for module in (edit, kernel, fidelity, prefill, replay, serve, chaos, vllm):
         module.add_parser(sub)
     for p in sub.choices.values():
         p.add_argument("--out", default="bench-out", help="output folder (default: bench-out/)")
@@ -57,7 +57,8 @@ def main(argv: list[str] | None = None) -> int:
 
         torch.set_num_threads(args.threads)
     payload = args.run(args)
-    print(f"wrote {args.out}/{args.command}.json and {args.out}/{args.command}.md")
+    name = payload.get("benchmark", args.command)
+    print(f"wrote {args.out}/{name}.json and {args.out}/{name}.md")
     return 0 if not payload.get("failed") else 1
 
 

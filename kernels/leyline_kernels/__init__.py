@@ -5,7 +5,8 @@ position-free columns bit for bit and rotates its rope slice by
 ``delta * inv_freq`` (RoPE rotations compose).  ``delta_rotation_table``
 builds the per-delta cos/sin table on the host in float64;
 ``rotate_and_splice`` applies it with the Triton kernel (CUDA) or the torch
-path (CPU), see ``kernel_backend``.
+path (CPU), see ``kernel_backend``.  The rope slice's pair layout is a
+parameter: half-split (the bundled runtime) or interleaved (vLLM's cache).
 
 Imports torch and (lazily) triton only.
 """
