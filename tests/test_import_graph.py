@@ -162,7 +162,7 @@ def test_no_import_cycles():
     assert cycles == [], "\n".join(" -> ".join(c) for c in cycles)
 
 
-@pytest.mark.parametrize("package", ["leyline_sdk", "leyline_runtime", "leyline_kernels", "leyline_langchain"])
+@pytest.mark.parametrize("package", ["leyline_sdk", "leyline_runtime", "leyline_kernels", "leyline_langchain", "leyline_vllm"])
 def test_typed_packages_ship_py_typed(package):
     # the libraries others import; leyline_bench and leyline_training are tools
     assert (PACKAGES[package] / "py.typed").is_file()
