@@ -21,12 +21,6 @@ SOURCE_ROOTS = [ROOT, ROOT / "kernels", ROOT / "integrations", ROOT / "benchmark
 DESIGN = ROOT / "docs" / "design.md"
 
 
-# Known, owned elsewhere and in progress (issue 15, the LangChain side): the SDK's LeylineMemory
-# still builds the LangChain adapter itself. Remove this entry when the adapter builds itself from
-# a LeylineMemory; test_no_pending_violations_remain then holds.
-PENDING = {("leyline_sdk.memory", "leyline_langchain")}
-
-
 def our_packages() -> dict[str, Path]:
     found = {}
     for source_root in SOURCE_ROOTS:
@@ -123,7 +117,7 @@ def test_imports_flow_as_documented():
             target = name.split(".")[0]
             if target == source or "*" in allowed[source] or target in allowed[source]:
                 continue
-            if (module, target) in exceptions and not eager or (module, target) in PENDING:
+            if (module, target) in exceptions and not eager:
                 continue
             wrong.append(f"{module} -> {name}{'' if eager else ' (in a function)'}")
     assert wrong == []
@@ -139,8 +133,7 @@ def test_documented_exceptions_exist_and_stay_lazy():
 
 
 def test_no_import_cycles():
-    edges = {m: {name for name, _ in imports if (name in PACKAGES or is_module(name))
-                 and (m, name.split(".")[0]) not in PENDING} for m, imports in graph().items()}
+    edges = {m: {name for name, _ in imports if name in PACKAGES or is_module(name)} for m, imports in graph().items()}
     # A package's __init__ importing its own submodules is how packages work, not a cycle.
     def parents(m: str) -> set[str]:
         parts = m.split(".")
@@ -169,14 +162,7 @@ def test_no_import_cycles():
     assert cycles == [], "\n".join(" -> ".join(c) for c in cycles)
 
 
-@pytest.mark.xfail(reason="the SDK -> LangChain adapter inversion is being removed in another branch",
-                   strict=False)
-def test_no_pending_violations_remain():
-    edges = graph()
-    assert [(m, t) for m, t in PENDING if any(n.split(".")[0] == t for n, _ in edges.get(m, []))] == []
-
-
-@pytest.mark.parametrize("package", ["leyline_sdk", "leyline_runtime", "leyline_kernels", "leyline_langchain"])
+@pytest.mark.parametrize("package", ["leyline_sdk", "leyline_runtime", "leyline_kernels", "leyline_langchain", "leyline_vllm"])
 def test_typed_packages_ship_py_typed(package):
     # the libraries others import; leyline_bench and leyline_training are tools
     assert (PACKAGES[package] / "py.typed").is_file()
