@@ -36,6 +36,7 @@ from .drift import DriftState
 from .engine import Engine
 from .executor import PREFILL, Plan, TokenEdit
 from .kv_cache import BlockTable
+from .model.batch import BatchLayout
 from .recompute import recompute_rows
 from .session import Session
 
@@ -68,7 +69,8 @@ def layer1_change(engine: Engine, table: BlockTable, tokens: list[int], start: i
     model = engine.model
     x = model.model.embed_tokens(ids)
     cos, sin = model.rotary.cos_sin(positions, x.dtype)
-    h = layers[0].forward_cached(x, cos, sin, positions, scratch, positions, torch.arange(end, device=device))
+    layout = BatchLayout.build([(start, end - start, [(0, end)])], [], device)  # scratch row p = position p
+    h = layers[0].forward_batch(x, cos, sin, scratch, layout)
     fresh = layers[1].self_attn.latent(layers[1].input_layernorm(h), cos, sin).float()
     stale = pool[1, rows[start:end]].float()
     change = (fresh - stale).norm(dim=-1) / fresh.norm(dim=-1).clamp_min(1e-12)

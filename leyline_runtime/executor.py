@@ -13,13 +13,14 @@ rows and runs their recomputes inside the same transaction.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
 import torch
 
 import leyline_kernels as kernels
-from leyline_sdk.errors import InvalidSpan, OverlappingSpans
+from leyline_sdk.errors import InvalidDirective, InvalidSpan, OverlappingSpans
 from leyline_sdk.protocol import AutoDecision, Directive, DirectiveOutcome, Message
 
 from . import chat_template as tpl
@@ -85,8 +86,9 @@ class FinishHook(Protocol):
 
 class DirectiveExecutor:
     def __init__(self, engine: Engine, tokenizer: ChatTokenizer, kernel: Callable = kernels.rotate_and_splice,
-                 sink_tokens: int = 0):
+                 sink_tokens: int = 0, commit_lock=None):
         self.engine = engine
+        self.commit_lock = commit_lock or contextlib.nullcontext()  # readers see a session before or after
         self.tokenizer = tokenizer
         self.kernel = kernel  # tests swap in a faulty kernel to check atomicity
         self.sink_tokens = sink_tokens
@@ -149,11 +151,11 @@ class DirectiveExecutor:
             if a.span.overlaps(b.span):
                 raise OverlappingSpans(f"directives {ia} and {ib} overlap")
         pieces, cursor = [], 0
-        for _, d in items:
+        for i, d in items:
             s, e = d.span.start - lo, d.span.end - lo
             pieces.append(self.tokenizer.decode(content_ids[cursor:s]))
             rep = d.replacement
-            pieces.append(rep if isinstance(rep, str) else self.tokenizer.decode(list(rep)))
+            pieces.append(rep if isinstance(rep, str) else self._token_text(i, list(rep)))
             cursor = e
         pieces.append(self.tokenizer.decode(content_ids[cursor:]))
         old = session.messages[m]
@@ -161,6 +163,14 @@ class DirectiveExecutor:
         modes = {d.mode for _, d in items}
         mode = next(m for m in ("forget", "auto", "amortize") if m in modes)
         return MessageEdit(items[0][0], m, m + 1, [new], [self.tokenizer.encode_message(new)], mode)
+
+    def _token_text(self, i: int, ids: list[int]) -> str:
+        """Token-unit replacement ids as content text; ids outside the vocabulary or special are refused."""
+        bad = [t for t in ids if t >= self.tokenizer.vocab_size or t in self.tokenizer.control_ids]
+        if bad:
+            raise InvalidDirective(f"directive {i}: replacement token ids {bad[:5]} are outside the vocabulary "
+                                   f"(size {self.tokenizer.vocab_size}) or special tokens of the template")
+        return self.tokenizer.decode(ids)
 
     def _token_edits(self, session: Session, edits: list[MessageEdit]) -> list[TokenEdit]:
         off = session.offsets()
@@ -279,8 +289,9 @@ class DirectiveExecutor:
         except BaseException:
             self.engine.pool.free(owned)
             raise
-        self._release(session.table, table)
-        session.table = table
+        with self.commit_lock:
+            self._release(session.table, table)
+            session.table = table
 
     def _release(self, old: BlockTable, new: BlockTable) -> None:
         """Free the old table's blocks that the new one no longer uses."""
@@ -309,9 +320,9 @@ class DirectiveExecutor:
                     cos, sin, offset, width)
 
     def _prefill_runs(self, table: BlockTable, plan: Plan, start: int) -> None:
-        """Prefill each run of new rows, in position order (each sees every row before it)."""
+        """Prefill every run of new rows as one piece of engine work (each run sees every row before it)."""
         new = (plan.old_pos == PREFILL).tolist()
-        pos, n = start, len(plan.tokens)
+        runs, pos, n = [], start, len(plan.tokens)
         while pos < n:
             if not new[pos]:
                 pos += 1
@@ -319,10 +330,16 @@ class DirectiveExecutor:
             end = pos
             while end < n and new[end]:
                 end += 1
-            self.engine.prefill(table, plan.tokens[pos:end], pos, logits="none")
+            runs.append((pos, plan.tokens[pos:end]))
             pos = end
+        self.engine.prefill_runs(table, runs)
 
     def _commit(self, session: Session, table: BlockTable, plan: Plan) -> None:
+        with self.commit_lock:
+            self._swap(session, table, plan)
+
+    @staticmethod
+    def _swap(session: Session, table: BlockTable, plan: Plan) -> None:
         session.table = table
         session.messages = plan.messages
         session.message_tokens = plan.message_tokens

@@ -12,7 +12,7 @@ Light by design: needs only pydantic and httpx (never torch).
         reply = client.generate(info.session_id, tail)
 """
 
-from ._version import __version__
+from .version import __version__
 from .client import AsyncLeylineClient, LeylineClient
 from .diff import apply_directives, diff_messages, split_append
 from .errors import (
@@ -21,10 +21,13 @@ from .errors import (
     APIStatusError,
     APITimeoutError,
     CapacityExceeded,
+    InvalidBody,
     InvalidDirective,
     InvalidSpan,
     LeylineError,
     OverlappingSpans,
+    RequestTimeout,
+    RequestTooLarge,
     SessionNotFound,
     Unauthorized,
     ValidationFailed,
@@ -101,6 +104,7 @@ __all__ = [
     "FunctionCall",
     "GenerateRequest",
     "GenerateResponse",
+    "InvalidBody",
     "InvalidDirective",
     "InvalidSpan",
     "LeylineClient",
@@ -110,6 +114,8 @@ __all__ = [
     "Mode",
     "ModePolicy",
     "OverlappingSpans",
+    "RequestTimeout",
+    "RequestTooLarge",
     "Role",
     "SamplingParams",
     "Segment",

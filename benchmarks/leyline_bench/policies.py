@@ -36,6 +36,7 @@ from leyline_sdk.protocol import Directive, DirectiveBatch, Message, SessionCrea
 from leyline_runtime.auto_mode import AutoConfig
 from leyline_runtime.drift import DriftState
 from leyline_runtime.kv_cache import BlockTable
+from leyline_runtime.model.batch import BatchLayout, _clip
 from leyline_runtime.runtime import Runtime
 from .edit_sessions import EditSession
 
@@ -112,21 +113,22 @@ def append_scored(rt: Runtime, session_id: str, messages: list[Message]) -> torc
 
 def suffix_logits(rt: Runtime, session_id: str, start: int) -> torch.Tensor:
     """Logits of positions ``start..`` re-queried through every layer against the session's rows
-    (each position sees the cached rows at positions ≤ its own); the cache is not written."""
+    (each position, as a decode step, sees the cached rows of the positions before it and its own
+    fresh row); the cache is not written: the fresh rows go to scratch blocks."""
     with rt._lock:
         s = _session(rt, session_id)
         n, model, pool = s.num_tokens, rt.model, rt.pool
         scratch = pool.allocate(pool.blocks_for(n - start))
         try:
-            read = s.table.rows(0, n, rt.engine.device)
-            write = BlockTable(pool.block_size, scratch).rows(0, n - start, rt.engine.device)
+            cached = s.table.extents(n)
+            own = BlockTable(pool.block_size, scratch).rows(0, n - start).tolist()
             ids = torch.tensor(s.tokens[start:], dtype=torch.long, device=rt.engine.device)
             outs = []
             for a in range(0, n - start, rt.engine.prefill_chunk):
                 b = min(a + rt.engine.prefill_chunk, n - start)
-                positions = torch.arange(start + a, start + b, device=rt.engine.device)
-                outs.append(model.forward_cached(ids[a:b], positions, pool.rows, write[a:b],
-                                                 read[: start + b], logits="all"))
+                steps = [(start + i, 1, _clip(cached, start + i) + [(own[i], 1)]) for i in range(a, b)]
+                layout = BatchLayout.build(steps, list(range(b - a)), rt.engine.device)
+                outs.append(model.forward_batch(ids[a:b], pool.rows, layout))
             return torch.cat(outs)
         finally:
             pool.free(scratch)
