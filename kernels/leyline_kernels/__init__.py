@@ -11,6 +11,14 @@ parameter: half-split (the bundled runtime) or interleaved (vLLM's cache).
 Imports torch and (lazily) triton only.
 """
 
+try:
+    import torch  # noqa: F401
+except ModuleNotFoundError as exc:  # name the extra instead of a bare "No module named 'torch'"
+    raise ModuleNotFoundError(
+        "leyline_kernels needs the 'runtime' extra (torch is not installed): pip install 'leyline-kv[runtime]'",
+        name=exc.name,
+    ) from exc
+
 from .dispatch import kernel_backend, rotate_and_splice
 from .rope_table import delta_rotation_table
 from .rotate_and_splice_torch import rotate_and_splice_torch

@@ -1,7 +1,8 @@
 """Server-sent events for a streaming chat completion.
 
-The chat turn runs in a worker thread; the engine's ``on_token`` hook hands
-each sampled token to the event loop through a queue. The response only
+The chat turn runs in a worker thread; the engine's ``on_token`` hook turns
+each sampled token into safe text there (tokenizer work stays off the event
+loop) and hands it to the event loop through a queue. The response only
 starts once the first token (or an error) is in: an error before any token
 (unknown session, version conflict, cache too small) is an ordinary HTTP
 error, not a 200 stream. An error after that is sent as an event. When the
@@ -12,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import threading
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -20,16 +20,13 @@ from typing import Any
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from leyline_sdk.errors import LeylineError
-
 from . import completion as out
 from .chat import ChatTurn, OnToken
 from .completion import CompletionIds
+from .openai_errors import error_body
 from .streaming import DeltaDecoder
 
-log = logging.getLogger("leyline.server")
-
-Item = tuple[str, Any]  # ("token", id) | ("done", ChatTurn) | ("error", exception)
+Item = tuple[str, Any]  # ("delta", text) | ("done", ChatTurn) | ("error", exception)
 
 
 class GenerationCancelled(Exception):
@@ -50,7 +47,7 @@ async def stream_chat(run: Callable[[OnToken], ChatTurn], decoder: DeltaDecoder,
     def on_token(token: int) -> None:  # worker thread
         if cancel.is_set():
             raise GenerationCancelled()
-        loop.call_soon_threadsafe(queue.put_nowait, ("token", token))
+        loop.call_soon_threadsafe(queue.put_nowait, ("delta", decoder.push(token)))
 
     async def work() -> None:
         try:
@@ -76,13 +73,12 @@ async def _events(first: Item, queue: asyncio.Queue[Item], task: asyncio.Task, c
     try:
         yield sse(out.chunk(ids, {"role": "assistant", "content": ""}))
         item = first
-        while item[0] == "token":
-            delta = decoder.push(item[1])
-            if delta:
-                yield sse(out.chunk(ids, {"content": delta}))
+        while item[0] == "delta":
+            if item[1]:
+                yield sse(out.chunk(ids, {"content": item[1]}))
             item = await queue.get()
         if item[0] == "error":
-            yield sse(_error_body(item[1]))
+            yield sse(error_body(item[1])[1])
         else:
             for body in _closing_chunks(item[1], decoder, ids, include_usage):
                 yield sse(body)
@@ -104,12 +100,3 @@ def _closing_chunks(turn: ChatTurn, decoder: DeltaDecoder, ids: CompletionIds,
     if include_usage:
         chunks.append(out.usage_chunk(turn, ids))
     return chunks
-
-
-def _error_body(exc: Exception) -> dict[str, Any]:
-    if isinstance(exc, LeylineError):
-        return exc.to_body()
-    if isinstance(exc, (ValueError, IndexError, OverflowError)):
-        return {"error": {"code": "invalid_request", "message": str(exc)}}
-    log.error("chat stream failed", exc_info=exc)
-    return {"error": {"code": "internal_error", "message": "internal error"}}
