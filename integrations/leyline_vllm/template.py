@@ -15,8 +15,9 @@ import json
 import re
 import uuid
 
+from leyline_sdk.errors import ValidationFailed
 from leyline_sdk.protocol import FunctionCall, Message, ToolCall
-from leyline_sdk.tools_prompt import END_TOOL_CALL, TOOL_CALL
+from leyline_sdk.tools_prompt import END_TOOL_CALL, TOOL_CALL, TOOLS_MESSAGE_ID
 
 
 def render_tool_call(call: ToolCall) -> str:
@@ -39,10 +40,26 @@ def message_dict(message: Message) -> dict:
 class ChatRenderer:
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
+        decoder = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+        self.control_tokens = sorted({t.content for t in decoder.values() if getattr(t, "special", False)}
+                                     | set(getattr(tokenizer, "all_special_tokens", []) or []), key=len, reverse=True)
+
+    def check_content(self, messages: list[Message]) -> None:
+        """Content is data: text that the template would turn into control tokens is refused (422).
+        (The chat template tokenizes its rendered text as a whole, so it cannot keep such text literal.)"""
+        for i, m in enumerate(messages):
+            if m.id == TOOLS_MESSAGE_ID:
+                continue  # Leyline's own tools prompt (leyline_sdk.tools_prompt) names the call markers on purpose
+            for text in (m.content, m.name or ""):
+                hit = next((t for t in self.control_tokens if t and t in text), None)
+                if hit is not None:
+                    raise ValidationFailed(f"message {i} contains the model's control token {hit!r}; "
+                                           "the vLLM plugin does not accept control tokens in message text")
 
     def ids(self, messages: list[Message], generation_prompt: bool = False) -> list[int]:
         if not messages:
             return []
+        self.check_content(messages)
         out = self.tokenizer.apply_chat_template(
             [message_dict(m) for m in messages], add_generation_prompt=generation_prompt, tokenize=True)
         if isinstance(out, dict) or hasattr(out, "keys"):
