@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from leyline_sdk.protocol import FunctionCall, Message, ToolCall
@@ -36,13 +37,17 @@ SPECIAL_TOKENS = [PAD, END_OF_TEXT, *ROLE_TOKENS.values(), END, TOOL_CALL, END_T
 _TOOL_CALL_RE = re.compile(re.escape(TOOL_CALL) + r"(.*?)" + re.escape(END_TOOL_CALL), re.S)
 
 
-def render_tool_call(call: ToolCall) -> str:
+def tool_call_payload(call: ToolCall) -> str:
+    """The JSON between the tool-call brackets."""
     try:
         arguments = json.loads(call.function.arguments or "{}")
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):
         arguments = call.function.arguments  # rendered verbatim as a JSON string
-    payload = json.dumps({"name": call.function.name, "arguments": arguments}, ensure_ascii=False)
-    return f"{TOOL_CALL}{payload}{END_TOOL_CALL}"
+    return json.dumps({"name": call.function.name, "arguments": arguments}, ensure_ascii=False)
+
+
+def render_tool_call(call: ToolCall) -> str:
+    return f"{TOOL_CALL}{tool_call_payload(call)}{END_TOOL_CALL}"
 
 
 def render_body(message: Message) -> str:
@@ -91,6 +96,62 @@ def parse_assistant(text: str, call_id_prefix: str | None = None) -> ParsedAssis
         malformed.append(tail[tail.index(TOOL_CALL) + len(TOOL_CALL):])
     content_parts.append(tail)
     return ParsedAssistant("".join(content_parts), calls, malformed)
+
+
+def parse_assistant_tokens(ids: list[int], decode: Callable[[list[int]], str], tool_call_id: int,
+                           end_tool_call_id: int, call_id_prefix: str | None = None,
+                           stop: str | None = None) -> ParsedAssistant:
+    """Split generated token ids into content and tool calls.
+
+    Only the template's own special ids open and close a call: text that merely
+    *spells* the markup is content, like any other data. An unterminated or
+    malformed call (hit ``max_tokens``, or an unconstrained model wrote bad JSON) never
+    reaches ``content``; it is reported in ``malformed``. ``stop`` (a stop string the
+    engine hit) cuts the text where it starts, and drops everything after it.
+    """
+    calls: list[ToolCall] = []
+    malformed: list[str] = []
+    content: list[str] = []
+    prefix = call_id_prefix or f"call_{uuid.uuid4().hex[:12]}"
+    full = decode(ids)
+    cut = full.index(stop) if stop is not None and stop in full else len(full)
+    cursor = 0  # where the current segment starts in the decoded text
+    marker = {"text": 0, "open": len(TOOL_CALL), "call": len(TOOL_CALL) + len(END_TOOL_CALL)}
+    for kind, part in _segments(ids, tool_call_id, end_tool_call_id):
+        if cursor >= cut:
+            break
+        text = decode(part)
+        if kind == "text":
+            content.append(text[:cut - cursor])
+        elif kind == "call" and cursor + len(text) + marker[kind] <= cut:
+            call = _parse_call(text, f"{prefix}_{len(calls)}")
+            if call is None:
+                malformed.append(text)
+            else:
+                calls.append(call)
+        else:  # cut short by the end of generation or a stop string
+            malformed.append(text)
+        cursor += len(text) + marker[kind]
+    return ParsedAssistant("".join(content), calls, malformed)
+
+
+def _segments(ids: list[int], open_id: int, close_id: int) -> list[tuple[str, list[int]]]:
+    """("text", ids) runs and ("call", ids) blocks; a block without its close is ("open", ids)."""
+    out: list[tuple[str, list[int]]] = []
+    kind, run = "text", []
+    for tok in ids:
+        if tok == open_id:
+            if run or kind != "text":
+                out.append((kind if kind == "text" else "open", run))
+            kind, run = "open", []
+        elif tok == close_id and kind == "open":
+            out.append(("call", run))
+            kind, run = "text", []
+        else:
+            run.append(tok)
+    if run or kind == "open":
+        out.append((kind, run))
+    return out
 
 
 def _parse_call(payload: str, call_id: str) -> ToolCall | None:

@@ -77,3 +77,36 @@ def sample_next(logits: torch.Tensor, params: SamplingParams, gen: torch.Generat
         scores = scores.scatter(0, order[drop], float("-inf"))
     probs = scores.softmax(-1)
     return int(torch.multinomial(probs, 1, generator=gen))
+
+
+class Penalties:
+    """OpenAI's presence and frequency penalties over the tokens generated so far."""
+
+    def __init__(self, presence: float = 0.0, frequency: float = 0.0):
+        self.presence = presence
+        self.frequency = frequency
+
+    def __call__(self, logits: torch.Tensor, generated: list[int]) -> torch.Tensor:
+        if not generated:
+            return logits
+        ids, counts = torch.tensor(generated, dtype=torch.long).unique(return_counts=True)
+        logits[ids] -= self.frequency * counts.to(logits.dtype) + self.presence
+        return logits
+
+    def accept(self, token: int) -> None:
+        pass
+
+
+class LogitBias:
+    """OpenAI's ``logit_bias``: a fixed offset per token id, added before sampling."""
+
+    def __init__(self, bias: dict[int, float]):
+        self.ids = torch.tensor(list(bias), dtype=torch.long)
+        self.values = torch.tensor(list(bias.values()), dtype=torch.float32)
+
+    def __call__(self, logits: torch.Tensor, generated: list[int]) -> torch.Tensor:
+        logits[self.ids] += self.values.to(logits.dtype)
+        return logits
+
+    def accept(self, token: int) -> None:
+        pass

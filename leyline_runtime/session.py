@@ -9,6 +9,7 @@ from itertools import accumulate
 
 from leyline_sdk.protocol import Message, Segment, SessionCounters, SessionInfo
 
+from .drift import DriftState
 from .kv_cache import BlockTable
 
 
@@ -26,6 +27,7 @@ class Session:
     last_used: float = field(default_factory=time.monotonic)
     busy: int = 0  # requests holding or waiting for it; a busy session is never evicted
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+    drift: DriftState = field(default_factory=DriftState)  # what its auto edits left (see drift.py)
 
     @property
     def num_tokens(self) -> int:
@@ -48,5 +50,5 @@ class Session:
         return SessionInfo(
             session_id=self.session_id, version=self.version, num_tokens=self.num_tokens,
             num_messages=len(self.messages), segments=self.segments(),
-            counters=self.counters.model_copy(),
+            counters=self.counters.model_copy(), drift=self.drift.info(),
             messages=[m.model_copy() for m in self.messages] if include_messages else None)

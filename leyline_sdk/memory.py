@@ -13,9 +13,14 @@ is rebuilt from the full view; a version conflict (someone else changed the
 session) re-reads the session's messages and diffs again; a batch the runtime
 refuses as invalid rebuilds the session.
 
-Pure pydantic + httpx like the rest of the SDK. The LangChain / LangGraph
-pieces (:meth:`LeylineMemory.middleware`, :meth:`LeylineMemory.chat_model`)
-are imported only when asked for.
+Pure pydantic + httpx like the rest of the SDK; it imports no adapter. The
+LangChain / LangGraph adapter builds itself from a memory
+(``leyline_langchain.create_agent(memory, ...)``, ``ChatLeyline.from_memory(memory)``,
+``LeylineMiddleware(memory)``).
+
+Calls on one thread are serialised (a lock per thread, held by sync and async
+calls alike), so ``batch``/``abatch`` or concurrent requests on one memory
+never interleave their steps; different threads run concurrently.
 
     memory = LeylineMemory(LeylineClient())
     reply = memory.generate("thread-1", view, max_tokens=256)   # view: list[Message]
@@ -30,9 +35,10 @@ import contextvars
 import hashlib
 import re
 import threading
+import uuid
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from .client import AsyncLeylineClient, LeylineClient
 from .diff import apply_directives, split_append
@@ -40,6 +46,7 @@ from .errors import InvalidDirective, LeylineError, SessionNotFound, VersionConf
 from .policy import EditContext, ModePolicy, default_policy, explain_edit
 from .protocol import (
     AppendResult,
+    AppliedMode,
     Directive,
     DirectiveOutcome,
     DirectiveResult,
@@ -51,16 +58,13 @@ from .protocol import (
 )
 from .tools_prompt import TOOLS_MESSAGE_ID
 
-if TYPE_CHECKING:  # pragma: no cover
-    from leyline_langchain.chat_model import ChatLeyline
-    from leyline_langchain.middleware import LeylineMiddleware
-
 __all__ = ["TOOLS_MESSAGE_ID", "CallStats", "EditRecord", "LeylineMemory", "ThreadStats"]
 
 # Id of the system message that lists the tools (the runtime's /v1 path uses the same).
 
 SAMPLING_KEYS = frozenset(
-    {"max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "logprobs", "top_logprobs"})
+    {"max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "logprobs", "top_logprobs",
+     "tools", "tool_choice", "parallel_tool_calls", "response_format"})
 
 _SAFE_THREAD = re.compile(r"[A-Za-z0-9._:@-]{1,96}")
 _current_thread: contextvars.ContextVar[str | None] = contextvars.ContextVar(
@@ -80,7 +84,7 @@ class EditRecord:
     end: int
     replacement: int  # number of messages in its place
     requested_mode: Mode
-    applied_mode: Mode
+    applied_mode: AppliedMode
     fallback_reason: str | None
     token_start: int
     token_end: int
@@ -182,6 +186,7 @@ class _Thread:
     built_once: bool = False
     pending: _Pending = field(default_factory=_Pending)
     calls: list[CallStats] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)  # one call at a time
 
     def lost(self) -> None:
         self.shadow, self.version, self.missing = None, None, True
@@ -227,7 +232,7 @@ class LeylineMemory:
         policy: ModePolicy = default_policy,
         async_client: AsyncLeylineClient | None = None,
         session_prefix: str = "lg-",
-        default_thread_id: str = "default",
+        default_thread_id: str | None = None,
         placeholder: str = "[cleared]",
         max_attempts: int = 4,
         on_call: Callable[[CallStats, list[Message]], None] | None = None,
@@ -242,7 +247,8 @@ class LeylineMemory:
         self.async_client: AsyncLeylineClient | None = async_client
         self.policy = policy
         self.session_prefix = session_prefix
-        self.default_thread_id = default_thread_id
+        # per memory, never a session shared by every process that forgot a thread id
+        self.default_thread_id = default_thread_id or f"default-{uuid.uuid4().hex[:12]}"
         self.placeholder = placeholder
         self.max_attempts = max_attempts
         self.on_call = on_call
@@ -344,7 +350,7 @@ class LeylineMemory:
         the view has no tools message of its own; keep the session's.
         """
         op: Op = "append" if append_tail else "defer"
-        out = self._run(self._flow(thread_id, view, op=op, create=create, keep_tools=keep_tools_message))
+        out = self._run(thread_id, self._flow(thread_id, view, op=op, create=create, keep_tools=keep_tools_message))
         return out.directives, out.tail
 
     async def async_sync(
@@ -357,7 +363,8 @@ class LeylineMemory:
         keep_tools_message: bool = False,
     ) -> tuple[list[Directive], list[Message]]:
         op: Op = "append" if append_tail else "defer"
-        out = await self._arun(self._flow(thread_id, view, op=op, create=create, keep_tools=keep_tools_message))
+        out = await self._arun(thread_id, self._flow(thread_id, view, op=op, create=create,
+                                                     keep_tools=keep_tools_message))
         return out.directives, out.tail
 
     def generate(
@@ -373,8 +380,8 @@ class LeylineMemory:
         The returned message carries ``message_id`` (the id the caller will give
         it, e.g. the LangChain message id), and so does the shadow.
         """
-        out = self._run(self._flow(thread_id, view, op="generate", sampling=_sampling(sampling),
-                                   message_id=message_id))
+        out = self._run(thread_id, self._flow(thread_id, view, op="generate", sampling=_sampling(sampling),
+                                              message_id=message_id))
         assert out.response is not None
         return out.response
 
@@ -386,8 +393,8 @@ class LeylineMemory:
         message_id: str | None = None,
         **sampling: Any,
     ) -> GenerateResponse:
-        out = await self._arun(self._flow(thread_id, view, op="generate", sampling=_sampling(sampling),
-                                          message_id=message_id))
+        out = await self._arun(thread_id, self._flow(thread_id, view, op="generate",
+                                                     sampling=_sampling(sampling), message_id=message_id))
         assert out.response is not None
         return out.response
 
@@ -406,20 +413,6 @@ class LeylineMemory:
         if fingerprint is not None and last.fingerprint() != fingerprint:
             return
         th.shadow[-1] = last.model_copy(update={"id": message_id})
-
-    # -- LangChain / LangGraph --------------------------------------------------------
-
-    def middleware(self) -> LeylineMiddleware:
-        """An ``AgentMiddleware`` for ``langchain.agents.create_agent``; put it last."""
-        from leyline_langchain.middleware import LeylineMiddleware
-
-        return LeylineMiddleware(self)
-
-    def chat_model(self, **sampling: Any) -> ChatLeyline:
-        """A LangChain chat model that generates through the current thread's session."""
-        from leyline_langchain.chat_model import ChatLeyline
-
-        return ChatLeyline(memory=self, **sampling)
 
     # -- the flow (one implementation, driven sync or async) ----------------------------
 
@@ -634,7 +627,11 @@ class LeylineMemory:
                             "(ainvoke/astream) or give it a LeylineClient")
         return self.client
 
-    def _run(self, flow: Generator[_Req, Any, _Outcome]) -> _Outcome:
+    def _run(self, thread_id: str, flow: Generator[_Req, Any, _Outcome]) -> _Outcome:
+        with self._thread(thread_id).lock:
+            return self._drive(flow)
+
+    def _drive(self, flow: Generator[_Req, Any, _Outcome]) -> _Outcome:
         client = self._sync_client()
         value: Any = None
         error: LeylineError | None = None
@@ -648,7 +645,16 @@ class LeylineMemory:
             except LeylineError as exc:
                 value, error = None, exc
 
-    async def _arun(self, flow: Generator[_Req, Any, _Outcome]) -> _Outcome:
+    async def _arun(self, thread_id: str, flow: Generator[_Req, Any, _Outcome]) -> _Outcome:
+        lock = self._thread(thread_id).lock
+        while not lock.acquire(blocking=False):  # a threading lock: sync callers hold it too
+            await asyncio.sleep(0.005)
+        try:
+            return await self._adrive(flow)
+        finally:
+            lock.release()
+
+    async def _adrive(self, flow: Generator[_Req, Any, _Outcome]) -> _Outcome:
         value: Any = None
         error: LeylineError | None = None
         while True:

@@ -73,7 +73,7 @@ def test_prefill(tmp_path):
 
 def test_kernel(tmp_path):
     p = run_bench(tmp_path, "kernel", "--rows", "1024", "--reps", "2")
-    assert {r["dtype"] for r in p["results"]} == {"fp32", "bf16"}
+    assert {r["dtype"] for r in p["results"]} == {"float32", "bfloat16"}
     for r in p["results"]:
         assert {"copy", "torch"} <= r["gb_per_s"].keys()
         assert r["torch_vs_copy"] > 0
@@ -145,3 +145,11 @@ def test_serve(tmp_path):
         decode = level["decode"]
         assert decode["requests"] == level["sessions"] and decode["completion_tokens"] >= level["sessions"]
         assert decode["ttft_s"]["p50"] <= decode["latency_s"]["p50"]
+
+
+def test_chaos(tmp_path):
+    p = run_bench(tmp_path, "chaos")
+    assert p["server_errors"] == 0 and p["valid_failed"] == 0 and p["healthy_after"]
+    assert p["requests"] == p["valid_requests"] + p["invalid_requests"] > 0
+    assert all(status.startswith("invalid 4") or status.startswith("valid 2") for status in p["status_codes"])
+    assert p["rss_bytes"]["before"] > 0 and p["rss_bytes"]["after"] > 0

@@ -32,6 +32,7 @@ from test_integration_support import (
 from test_server_support import torch_threads
 
 from leyline_langchain import ChatLeyline, LeylineMiddleware
+from leyline_langchain import create_agent as leyline_create_agent
 from leyline_sdk import LeylineMemory
 
 PLAN = [
@@ -77,12 +78,12 @@ def assert_edited_not_reprefilled(memory: LeylineMemory, thread: str) -> None:
 def test_create_agent_with_context_editing(client):
     memory = LeylineMemory(client)
     agent = create_agent(
-        model=memory.chat_model(max_tokens=3),
+        model=ChatLeyline.from_memory(memory, max_tokens=3),
         tools=[calculator, lookup],
         system_prompt="You are a careful agent. Use the tools.",
         middleware=[ScriptedToolCalls(PLAN),
                     ContextEditingMiddleware(edits=[ClearToolUsesEdit(trigger=0, keep=2)]),
-                    memory.middleware()],
+                    LeylineMiddleware(memory)],
         checkpointer=InMemorySaver(),
     )
     checker = SessionChecker(fetcher(client, memory, "agent-1"))
@@ -110,11 +111,11 @@ def test_create_agent_async_streaming(app):
         async with async_client(app) as aclient:
             memory = LeylineMemory(aclient)
             agent = create_agent(
-                model=memory.chat_model(max_tokens=3), tools=[calculator, lookup],
+                model=ChatLeyline.from_memory(memory, max_tokens=3), tools=[calculator, lookup],
                 system_prompt="You are a careful agent.",
                 middleware=[ScriptedToolCalls(PLAN[1:3]),
                             ContextEditingMiddleware(edits=[ClearToolUsesEdit(trigger=0, keep=1)]),
-                            memory.middleware()],
+                            LeylineMiddleware(memory)],
                 checkpointer=InMemorySaver())
 
             async def fetch():
@@ -185,7 +186,7 @@ def build_graph(model: Any):
 
 def test_hand_built_state_graph_with_remove_message(client):
     memory = LeylineMemory(client)
-    model = memory.chat_model(max_tokens=3).bind_tools([calculator, lookup])
+    model = ChatLeyline.from_memory(memory, max_tokens=3).bind_tools([calculator, lookup])
     graph = build_graph(model)
     checker = SessionChecker(fetcher(client, memory, "graph-1"))
     config = {"configurable": {"thread_id": "graph-1"}, "callbacks": [checker]}
@@ -213,16 +214,27 @@ def test_hand_built_state_graph_with_remove_message(client):
 
 def test_middleware_refuses_a_foreign_model(client):
     mine, other = LeylineMemory(client), LeylineMemory(client)
-    agent = create_agent(model=other.chat_model(), tools=[calculator], middleware=[mine.middleware()])
-    with pytest.raises(TypeError, match="chat model"):
+    agent = create_agent(model=ChatLeyline.from_memory(other), tools=[calculator],
+                         middleware=[LeylineMiddleware(mine)])
+    with pytest.raises(TypeError, match="same memory"):
         agent.invoke({"messages": [("user", "hi")]})
-    assert isinstance(mine.middleware(), LeylineMiddleware) and isinstance(mine.chat_model(), ChatLeyline)
+
+
+def test_one_call_agent_puts_leyline_middleware_last(client):
+    memory = LeylineMemory(client)
+    agent = leyline_create_agent(memory, [calculator, lookup], model_kwargs={"max_tokens": 3},
+                                 middleware=[ScriptedToolCalls(PLAN)], checkpointer=InMemorySaver())
+    config = {"configurable": {"thread_id": "one-call"}}
+    result = agent.invoke({"messages": [("user", "What is api_port plus 17?")]}, config)
+    assert len(memory.calls("one-call")) == len(PLAN) + 1 and isinstance(result["messages"][-1], AIMessage)
+    with pytest.raises(TypeError, match="model_kwargs"):
+        leyline_create_agent(memory, model=ChatLeyline.from_memory(memory))
 
 
 def test_chat_model_alone_keeps_tool_units_whole(client):
     """No middleware, no graph: the chat model repairs pairing itself and edits as directives."""
     memory = LeylineMemory(client)
-    model = memory.chat_model(max_tokens=2, thread_id="solo")
+    model = ChatLeyline.from_memory(memory, max_tokens=2, thread_id="solo")
 
     def unit(n: int, output: str) -> list:
         return [AIMessage("", id=f"a{n}", tool_calls=[{"name": "lookup", "args": {"key": f"k{n}"}, "id": f"c{n}"}]),

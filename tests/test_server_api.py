@@ -33,9 +33,11 @@ def new_session(client, messages=None) -> dict:
 
 
 def assert_error(r, status: int, code: str) -> dict:
+    """The native shape, or OpenAI's on ``/v1`` (where invalid requests are 400, not 422)."""
     assert r.status_code == status, r.text
     body = r.json()
-    assert set(body) == {"error"} and set(body["error"]) == {"code", "message"}, body
+    fields = {"message", "type", "param", "code"} if r.url.path.startswith("/v1/") else {"code", "message"}
+    assert set(body) == {"error"} and set(body["error"]) == fields, body
     assert body["error"]["code"] == code, body
     return body["error"]
 
@@ -124,8 +126,10 @@ def test_models_health_metrics_openapi(client):
     assert {(p, m) for p, ops in schema["paths"].items() for m in ops} == expected
     assert "HTTPValidationError" not in schema["components"]["schemas"]
     for path, method in expected - {("/healthz", "get")}:
-        ref = schema["paths"][path][method]["responses"]["422"]["content"]["application/json"]["schema"]["$ref"]
-        assert ref.endswith("/ErrorBody"), (path, method)
+        openai = path.startswith("/v1/")
+        status, model = ("400", "/OpenAIErrorBody") if openai else ("422", "/ErrorBody")
+        ref = schema["paths"][path][method]["responses"][status]["content"]["application/json"]["schema"]["$ref"]
+        assert ref.endswith(model), (path, method)
 
 
 def test_directives_metrics_by_mode(client):
@@ -188,14 +192,21 @@ def test_bad_spans_leave_session_unchanged(client, directives, code):
     ("post", "/sessions/x/generate", {"max_tokens": 0}),
     ("post", "/sessions/x/generate", {"temperature": -1}),
     ("post", "/sessions/x/messages", {"messages": []}),
-    ("post", "/v1/chat/completions", {"messages": []}),
-    ("post", "/v1/chat/completions", {"messages": [user("x")], "n": 2}),
-    ("post", "/v1/chat/completions", {"messages": [user("x")], "tool_choice": {"type": "function",
-                                                                             "function": {"name": "nope"}}}),
 ])
 def test_validation_errors_have_the_error_shape(client, method, path, body):
     err = assert_error(getattr(client, method)(path, json=body), 422, "validation_error")
     assert err["message"]
+
+
+@pytest.mark.parametrize("body,param", [
+    ({"messages": []}, "messages"),
+    ({"messages": [user("x")], "n": 2}, "n"),
+    ({"messages": [user("x")], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
+    ({"messages": [user("x")], "functions": [{"name": "f"}]}, "functions"),
+])
+def test_v1_validation_errors_are_openai_400s_naming_the_field(client, body, param):
+    err = assert_error(client.post("/v1/chat/completions", json=body), 400, "invalid_request")
+    assert err["param"] == param and err["type"] == "invalid_request_error" and param in err["message"]
 
 
 def test_malformed_json_unknown_paths_and_methods(client):

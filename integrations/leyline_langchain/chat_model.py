@@ -26,25 +26,49 @@ from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResu
 from langchain_core.runnables import Runnable
 from langchain_core.tools import BaseTool
 from langchain_core.utils.utils import LC_ID_PREFIX
-from pydantic import ConfigDict, Field
+from langchain_core.language_models.chat_models import LangSmithParams
+from pydantic import ConfigDict, Field, SecretStr, model_validator
 
+from leyline_sdk.client import AsyncLeylineClient, LeylineClient
 from leyline_sdk.memory import LeylineMemory
 from leyline_sdk.protocol import GenerateResponse, Message
 
-from .convert import TOOL_CALL, from_leyline, from_leyline_chunk, to_leyline_messages, tools_message, tools_to_openai
+from .convert import (
+    from_leyline,
+    from_leyline_chunk,
+    runtime_tool_choice,
+    to_leyline_messages,
+    tools_message,
+    tools_to_openai,
+)
 from .pairing import repair_orphans
 
 __all__ = ["ChatLeyline"]
 
 
 class ChatLeyline(BaseChatModel):
-    """Chat model bound to a :class:`LeylineMemory` (make it with ``memory.chat_model()``)."""
+    """Chat model that generates through a :class:`LeylineMemory`'s thread sessions.
 
-    model_config = ConfigDict(arbitrary_types_allowed=True)
+    ``ChatLeyline(base_url=..., api_key=...)`` builds its own memory (and so its own
+    default thread); ``ChatLeyline.from_memory(memory)`` shares one, as the agent's
+    model and :class:`~leyline_langchain.middleware.LeylineMiddleware` must.
+    """
 
-    memory: LeylineMemory = Field(exclude=True)
+    model_config = ConfigDict(arbitrary_types_allowed=True, populate_by_name=True)
+
+    memory: LeylineMemory = Field(default=None, exclude=True)  # type: ignore[assignment]  # built if not given
+    model: str = Field(default="leyline-default", alias="model_name")
+    """The served model's name (``GET /v1/models``); reported as ``model_name``."""
+    base_url: str | None = None
+    """Runtime URL; default ``LEYLINE_BASE_URL`` or http://127.0.0.1:8000 (ignored with ``memory``)."""
+    api_key: SecretStr | None = None
+    """Default ``LEYLINE_API_KEY`` (ignored with ``memory``)."""
+    timeout: float | None = None
+    max_retries: int = 2
+    streaming: bool = False
+    """``invoke`` streams under the hood (callbacks see every token)."""
     thread_id: str | None = None
-    """Fixed thread for this model; by default the run's ``thread_id``."""
+    """Fixed thread for this model; by default the run's ``thread_id``, else the memory's own default."""
     max_tokens: int = 256
     temperature: float = 0.0
     top_p: float | None = None
@@ -52,23 +76,52 @@ class ChatLeyline(BaseChatModel):
     seed: int | None = None
     stop: list[str] | None = None
 
+    @model_validator(mode="after")
+    def _own_memory(self) -> ChatLeyline:
+        if self.memory is None:
+            key = self.api_key.get_secret_value() if self.api_key is not None else None
+            sync = LeylineClient(self.base_url, key, timeout=self.timeout, max_retries=self.max_retries)
+            async_ = AsyncLeylineClient(self.base_url, key, timeout=self.timeout, max_retries=self.max_retries)
+            self.memory = LeylineMemory(sync, async_client=async_)
+        return self
+
+    @classmethod
+    def from_memory(cls, memory: LeylineMemory, **kwargs: Any) -> ChatLeyline:
+        """A chat model on ``memory`` (share it with ``LeylineMiddleware(memory)``)."""
+        return cls(memory=memory, **kwargs)
+
     @property
     def _llm_type(self) -> str:
         return "leyline"
 
     @property
     def _identifying_params(self) -> dict[str, Any]:
-        return {"max_tokens": self.max_tokens, "temperature": self.temperature, "top_p": self.top_p,
-                "top_k": self.top_k, "seed": self.seed}
+        return {"model": self.model, "max_tokens": self.max_tokens, "temperature": self.temperature,
+                "top_p": self.top_p, "top_k": self.top_k, "seed": self.seed}
+
+    def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
+        params = super()._get_ls_params(stop=stop, **kwargs)
+        params["ls_provider"] = "leyline"
+        params["ls_model_name"] = self.model
+        params["ls_max_tokens"] = kwargs.get("max_tokens", self.max_tokens)
+        params["ls_temperature"] = kwargs.get("temperature", self.temperature)
+        if stop or self.stop:
+            params["ls_stop"] = stop or self.stop
+        return params
 
     def bind_tools(
         self,
         tools: Sequence[Mapping[str, Any] | type | Callable[..., Any] | BaseTool],
         *,
         tool_choice: str | Mapping[str, Any] | bool | None = None,
+        parallel_tool_calls: bool | None = None,
         **kwargs: Any,
     ) -> Runnable[LanguageModelInput, AIMessage]:
-        """Bind tools (as OpenAI function schemas); the model may answer with tool calls."""
+        """Bind tools (as OpenAI function schemas). The runtime's grammar lets a call name only these
+        tools, with arguments valid against their schemas; ``tool_choice`` "auto" (default), "none",
+        "any"/"required"/True, or a tool name; ``parallel_tool_calls=False``: at most one call."""
+        if parallel_tool_calls is not None:
+            kwargs["parallel_tool_calls"] = parallel_tool_calls
         return self.bind(tools=tools_to_openai(tools), tool_choice=tool_choice, **kwargs)
 
     # -- the view -----------------------------------------------------------------------
@@ -86,14 +139,21 @@ class ChatLeyline(BaseChatModel):
         tool_choice = kwargs.pop("tool_choice", None)
         sampling: dict[str, Any] = {"max_tokens": self.max_tokens, "temperature": self.temperature,
                                     "top_p": self.top_p, "top_k": self.top_k, "seed": self.seed}
-        for key in ("max_tokens", "temperature", "top_p", "top_k", "seed", "logprobs", "top_logprobs"):
+        for key in ("max_tokens", "temperature", "top_p", "top_k", "seed", "logprobs", "top_logprobs",
+                    "parallel_tool_calls", "response_format"):
             if kwargs.get(key) is not None:
                 sampling[key] = kwargs[key]
+        unknown = set(kwargs) - set(sampling) - {"ls_structured_output_format"}
+        if unknown:
+            raise TypeError(f"ChatLeyline does not take {sorted(unknown)}")
         stops = list(stop or self.stop or [])
-        if tools and tool_choice == "none":
-            stops.append(TOOL_CALL)  # tools stay in the prompt, the model just cannot open a call
         if stops:
             sampling["stop"] = stops
+        # Always constrained: with no tools bound, no tool call and no markup can be written.
+        sampling["tools"] = list(tools or [])
+        choice = runtime_tool_choice(tool_choice) if tools else None
+        if choice is not None:
+            sampling["tool_choice"] = choice
         thread = self.thread_id or self.memory.current_thread_id()
         return thread, self.view(messages, tools, tool_choice), sampling
 
@@ -120,7 +180,7 @@ class ChatLeyline(BaseChatModel):
         computed = call.computed_tokens if call is not None else usage.prefill_tokens
         return {
             "response_metadata": {
-                "model_provider": "leyline", "finish_reason": response.finish_reason,
+                "model_provider": "leyline", "model_name": self.model, "finish_reason": response.finish_reason,
                 "session_id": response.session_id, "version": response.version,
             },
             "usage_metadata": {

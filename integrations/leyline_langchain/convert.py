@@ -49,6 +49,7 @@ __all__ = [
     "from_leyline",
     "from_leyline_chunk",
     "render_tools",
+    "runtime_tool_choice",
     "to_leyline",
     "to_leyline_messages",
     "tools_message",
@@ -189,11 +190,23 @@ def tools_message(tools: Sequence[Mapping[str, Any]] | None, tool_choice: Any = 
 
     ``tool_choice`` adds the runtime's one-line nudge: a tool name (or an
     OpenAI named choice) → call that tool now; ``"required"`` / ``"any"`` /
-    ``True`` → call one of the tools now. ``"none"`` is handled by the caller
-    with a stop string, so toggling it keeps the prompt (and the cache) as is.
+    ``True`` → call one of the tools now. ``"none"`` keeps the prompt (and the
+    cache) as is; the runtime masks the tool-call token instead.
     """
     return shared_tools_message(tools or [], call=_named_choice(tool_choice),
                                 required=tool_choice in ("required", "any", True))
+
+
+def runtime_tool_choice(choice: Any) -> str | dict[str, Any] | None:
+    """LangChain's ``tool_choice`` in OpenAI's terms, as the runtime enforces it."""
+    if choice is None or choice == "auto":
+        return None
+    if choice in ("required", "any", True):
+        return "required"
+    if choice == "none" or choice is False:
+        return "none"
+    name = _named_choice(choice)
+    return {"type": "function", "function": {"name": name}} if name else None
 
 
 def _named_choice(choice: Any) -> str | None:

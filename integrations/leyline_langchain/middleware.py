@@ -11,12 +11,13 @@ other middleware that edits the request. Around every model call it
 3. diffs the view (system message + messages) against the session's shadow and
    sends the edits as one directive batch — before the model is called, so a
    lost or conflicting session is recovered here;
-4. calls the model (``handler``): :class:`~integrations.chat_model.ChatLeyline`
+4. calls the model (``handler``): :class:`~leyline_langchain.chat_model.ChatLeyline`
    sends the new messages with its generate request (and the tools message,
    should the bound tools have changed), the only call that generates;
 5. records the id the agent keeps for the reply in the shadow.
 
-The agent's model must be the same memory's chat model (``memory.chat_model()``).
+The agent's model must be a chat model on the same memory
+(``ChatLeyline.from_memory(memory)``); ``leyline_langchain.create_agent`` wires both.
 """
 
 from __future__ import annotations
@@ -49,8 +50,9 @@ class LeylineMiddleware(AgentMiddleware):
         model = request.model
         if not isinstance(model, ChatLeyline) or model.memory is not self.memory:
             raise TypeError(
-                "LeylineMiddleware needs the agent's model to be this memory's chat model: "
-                "create_agent(model=memory.chat_model(), ..., middleware=[..., memory.middleware()])")
+                "LeylineMiddleware needs the agent's model to be a ChatLeyline on the same memory: use "
+                "leyline_langchain.create_agent(memory, tools=..., middleware=[...]), or "
+                "model=ChatLeyline.from_memory(memory) with middleware=[..., LeylineMiddleware(memory)]")
         thread = model.thread_id or self.memory.current_thread_id()
         messages = repair_orphans(request.messages, self.memory.placeholder)
         if messages is not request.messages:

@@ -31,10 +31,13 @@ from leyline_sdk.protocol import (
     SessionCreate,
 )
 
+from ..grammar import GrammarCompiler
 from ..metrics import ServiceMetrics
 from ..runtime import Runtime
+from .constraints import Decoding, plan_decoding
+from .context_edits import apply_edits
 from .locks import KeyedLocks
-from .openai_schema import ChatCompletionRequest
+from .openai_schema import AppliedEdit, ChatCompletionRequest
 from .prompt import generate_request, prompt_messages
 
 MAX_ATTEMPTS = 3
@@ -54,6 +57,15 @@ class ChatTurn:
     directives_applied: int = 0
     outcomes: list[DirectiveOutcome] = field(default_factory=list)
     appended: int = 0
+    applied_edits: list[AppliedEdit] = field(default_factory=list)
+    first_version: int = 0  # the session's version before this turn (bound turns)
+
+    @property
+    def versions(self) -> list[int]:
+        """Every version the turn produced; consecutive, as no other request runs on the session meanwhile."""
+        if self.session_id is None:
+            return []
+        return list(range(self.first_version + 1, self.response.version + 1))
 
     @property
     def cached_tokens(self) -> int:
@@ -69,11 +81,13 @@ class ChatService:
         self.runtime = runtime
         self.metrics = metrics
         self.session_locks = KeyedLocks()
+        self.grammars = GrammarCompiler(runtime.tokenizer)
 
     def complete(self, request: ChatCompletionRequest, tenant: str, session_id: str | None = None,
                  on_token: OnToken | None = None) -> ChatTurn:
         """Run one chat request to the end (``on_token`` sees tokens as they come)."""
-        messages = prompt_messages(request)
+        decoding = plan_decoding(request, self.runtime.tokenizer, self.grammars)
+        messages, edits = apply_edits(request.context_management, prompt_messages(request), self.runtime.tokenizer)
         started = False
 
         def watch(token: int) -> None:
@@ -85,66 +99,82 @@ class ChatService:
         for attempt in range(MAX_ATTEMPTS):
             try:
                 if session_id is None:
-                    turn = self._stateless(request, messages, tenant, watch)
+                    turn = self._stateless(request, decoding, messages, tenant, watch)
                 else:
                     with self.session_locks.hold((tenant, session_id)):
-                        turn = self._bound(request, messages, session_id, tenant, watch)
+                        turn = self._bound(request, decoding, messages, session_id, tenant, watch)
                 break
             except (_Restart, VersionConflict, SessionNotFound) as exc:
                 if started or attempt == MAX_ATTEMPTS - 1:
                     if isinstance(exc, _Restart):
                         raise VersionConflict(f"session {session_id} kept changing under this request") from exc
                     raise
+        turn.applied_edits = edits
         gen = turn.response
-        self.metrics.observe_generation("chat_completions", gen.finish_reason, gen.usage.completion_tokens)
+        self.metrics.observe_generation("chat_completions", gen.finish_reason, gen.usage.completion_tokens,
+                                        tenant)
         return turn
 
     # -- the two kinds of request --------------------------------------------------------
 
-    def _stateless(self, request: ChatCompletionRequest, messages: list[Message], tenant: str,
-                   on_token: OnToken) -> ChatTurn:
+    def _stateless(self, request: ChatCompletionRequest, decoding: Decoding, messages: list[Message],
+                   tenant: str, on_token: OnToken) -> ChatTurn:
         sid = f"chat_{uuid.uuid4().hex}"
         info = self.runtime.create_session(SessionCreate(session_id=sid, messages=messages), tenant)
         try:
-            gen = self.runtime.generate(sid, generate_request(request), tenant, on_token=on_token)
+            gen = self.runtime.generate(sid, generate_request(request), tenant, on_token=on_token,
+                                        processors=decoding.processors(self.grammars))
         finally:
             with suppress(SessionNotFound):
                 self.runtime.delete_session(sid, tenant)
         return ChatTurn(gen, None, info.counters.prefilled_tokens + gen.usage.prefill_tokens)
 
-    def _bound(self, request: ChatCompletionRequest, messages: list[Message], sid: str, tenant: str,
-               on_token: OnToken) -> ChatTurn:
+    def _bound(self, request: ChatCompletionRequest, decoding: Decoding, messages: list[Message], sid: str,
+               tenant: str, on_token: OnToken) -> ChatTurn:
         try:
             old, version = self.runtime.session_messages(sid, tenant)
         except SessionNotFound:
-            return self._rebuild(request, messages, sid, tenant, on_token)
+            return self._rebuild(request, decoding, messages, sid, tenant, on_token)
+        first_version = version
         mode = request.leyline.mode if request.leyline else "amortize"
         directives, tail = split_append(old, messages, mode=mode)
         if len(directives) > MAX_DIRECTIVES:
+            prompt = sum(map(len, self.runtime.tokenizer.encode_messages(messages)))
+            self.runtime.check_generation(prompt, generate_request(request).max_tokens, new_tokens=prompt)
             with suppress(SessionNotFound):
                 self.runtime.delete_session(sid, tenant)
-            return self._rebuild(request, messages, sid, tenant, on_token)
+            return self._rebuild(request, decoding, messages, sid, tenant, on_token)
         outcomes: list[DirectiveOutcome] = []
-        if directives:
+        if directives:  # check the whole request before the edits change the session
+            tail_tokens = sum(map(len, self.runtime.tokenizer.encode_messages(tail)))
+            self.runtime.check_generation(self.runtime.edited_length(sid, tenant, directives) + tail_tokens,
+                                          generate_request(request).max_tokens, new_tokens=tail_tokens)
             batch = DirectiveBatch(session_id=sid, directives=directives, expected_version=version)
             result = self.runtime.apply(batch, tenant)
-            self.metrics.observe_directives(result)
+            self.metrics.observe_directives(result, tenant)
             version, outcomes = result.version, result.outcomes
         gen = self.runtime.generate(sid, generate_request(request, messages=tail, expected_version=version),
-                                    tenant, on_token=on_token)
+                                    tenant, on_token=on_token,
+                                    processors=decoding.processors(self.grammars))
         recomputed = sum(o.recomputed_tokens for o in outcomes)
         return ChatTurn(gen, sid, recomputed + gen.usage.prefill_tokens, directives_applied=len(directives),
-                        outcomes=outcomes, appended=len(tail))
+                        outcomes=outcomes, appended=len(tail), first_version=first_version)
 
-    def _rebuild(self, request: ChatCompletionRequest, messages: list[Message], sid: str, tenant: str,
-                 on_token: OnToken) -> ChatTurn:
+    def _rebuild(self, request: ChatCompletionRequest, decoding: Decoding, messages: list[Message], sid: str,
+                 tenant: str, on_token: OnToken) -> ChatTurn:
         try:
             info = self.runtime.create_session(SessionCreate(session_id=sid, messages=messages), tenant)
         except InvalidDirective as exc:
             if self.runtime.has_session(sid, tenant):  # created by a concurrent request
                 raise _Restart() from exc
             raise
-        gen = self.runtime.generate(sid, generate_request(request, expected_version=info.version), tenant,
-                                    on_token=on_token)
+        try:
+            gen = self.runtime.generate(sid, generate_request(request, expected_version=info.version), tenant,
+                                        on_token=on_token,
+                                        processors=decoding.processors(self.grammars))
+        except BaseException:
+            with suppress(SessionNotFound):  # it did not exist before this request
+                self.runtime.delete_session(sid, tenant)
+            raise
         return ChatTurn(gen, sid, info.counters.prefilled_tokens + gen.usage.prefill_tokens, rebuilt=True,
                         appended=len(messages))

@@ -13,6 +13,7 @@ from .openai_schema import (
     Choice,
     ChoiceLogprobs,
     CompletionUsage,
+    ContextManagementReport,
     LeylineReport,
     PromptTokensDetails,
 )
@@ -53,6 +54,7 @@ def logprobs(turn: ChatTurn) -> ChoiceLogprobs | None:
 def report(turn: ChatTurn) -> LeylineReport:
     return LeylineReport(
         session_id=turn.session_id, version=turn.response.version if turn.session_id else None,
+        versions=turn.versions,
         rebuilt=turn.rebuilt, directives_applied=turn.directives_applied, outcomes=turn.outcomes,
         appended_messages=turn.appended, prefilled_tokens=turn.prefilled)
 
@@ -61,7 +63,11 @@ def completion(turn: ChatTurn, ids: CompletionIds) -> ChatCompletion:
     choice = Choice(message=assistant_message(turn), logprobs=logprobs(turn),
                     finish_reason=turn.response.finish_reason)
     return ChatCompletion(**ids.header("chat.completion"), choices=[choice], usage=usage(turn),
-                          leyline=report(turn))
+                          leyline=report(turn), context_management=context_report(turn))
+
+
+def context_report(turn: ChatTurn) -> ContextManagementReport | None:
+    return ContextManagementReport(applied_edits=turn.applied_edits) if turn.applied_edits else None
 
 
 # --- stream chunks -----------------------------------------------------------------------
@@ -83,6 +89,9 @@ def tool_call_chunk(turn: ChatTurn, ids: CompletionIds) -> dict[str, Any] | None
 
 def final_chunk(turn: ChatTurn, ids: CompletionIds) -> dict[str, Any]:
     body = chunk(ids, {}, turn.response.finish_reason, leyline=report(turn).model_dump(mode="json"))
+    edits = context_report(turn)
+    if edits is not None:
+        body["context_management"] = edits.model_dump(mode="json")
     lp = logprobs(turn)
     if lp is not None:
         body["choices"][0]["logprobs"] = lp.model_dump(mode="json")

@@ -1,21 +1,22 @@
 """OpenAI chat-completions request and response models, plus Leyline's extras.
 
-Only what the runtime honours is declared; other OpenAI fields the official
-clients may send (``user``, penalties, ``parallel_tool_calls`` ...) are
-accepted and ignored.
+Every field declared here is honoured, or is a documented no-op (``user``,
+``metadata``, ``prompt_cache_key``, ``safety_identifier``: nothing here depends on
+who asks, and Leyline's cache is keyed by session, not by a hint). Any other
+field is rejected with a 400 naming it, so nothing is silently ignored.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from leyline_sdk.protocol import (
-    MAX_ID_LENGTH,
     DirectiveOutcome,
     Message,
     Mode,
+    SessionId,
     TokenLogprob,
     ToolCall,
 )
@@ -47,6 +48,67 @@ class NamedToolChoice(BaseModel):
 ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
 
 
+class JsonSchemaFormat(BaseModel):
+    model_config = ConfigDict(populate_by_name=True, extra="forbid")
+
+    name: str = Field(min_length=1, max_length=64)
+    description: str | None = None
+    schema_: dict[str, Any] = Field(default_factory=dict, alias="schema")
+    strict: bool | None = Field(default=None, description="Decoding always follows the schema, strict or not")
+
+
+class ResponseFormatText(BaseModel):
+    type: Literal["text"]
+
+
+class ResponseFormatJsonObject(BaseModel):
+    type: Literal["json_object"]
+
+
+class ResponseFormatJsonSchema(BaseModel):
+    type: Literal["json_schema"]
+    json_schema: JsonSchemaFormat
+
+
+ResponseFormat = Annotated[ResponseFormatText | ResponseFormatJsonObject | ResponseFormatJsonSchema,
+                           Field(discriminator="type")]
+
+
+class InputTokens(BaseModel):
+    type: Literal["input_tokens"] = "input_tokens"
+    value: int = Field(ge=0)
+
+
+class ToolUses(BaseModel):
+    type: Literal["tool_uses"] = "tool_uses"
+    value: int = Field(ge=0)
+
+
+class ClearToolUses(BaseModel):
+    """Anthropic's ``clear_tool_uses_20250919`` edit: clear old tool results (and inputs)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["clear_tool_uses_20250919"] = "clear_tool_uses_20250919"
+    trigger: Annotated[InputTokens | ToolUses, Field(discriminator="type")] = InputTokens(value=100_000)
+    keep: ToolUses = ToolUses(value=3)
+    clear_at_least: InputTokens | None = None
+    exclude_tools: list[str] = Field(default_factory=list, max_length=128)
+    clear_tool_inputs: bool = False
+
+
+class ContextManagement(BaseModel):
+    """Edits the server makes to the history before generating (Anthropic's convention).
+
+    Bound to a session, an edit becomes an amortize directive: the cache behind the
+    cleared tool results is kept, where a prefix cache would lose it.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    edits: list[ClearToolUses] = Field(max_length=8)
+
+
 class StreamOptions(BaseModel):
     include_usage: bool = False
 
@@ -57,13 +119,28 @@ class LeylineOptions(BaseModel):
     mode: Mode = "amortize"
 
 
-class ChatCompletionRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+class DecodingFields(BaseModel):
+    """What constrains or biases the choice of tokens (shared with the native generate route)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tools: list[Tool] | None = Field(default=None, max_length=128)
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool = Field(default=True, description="false: at most one tool call per reply")
+    response_format: ResponseFormat | None = None
+    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    logit_bias: dict[str, float] | None = Field(default=None, max_length=1024,
+                                                description="token id -> bias in [-100, 100]")
+
+
+class ChatCompletionRequest(DecodingFields):
+    model_config = ConfigDict(extra="forbid")
 
     messages: list[Message] = Field(min_length=1)
     model: str | None = None
-    session_id: str | None = Field(
-        default=None, min_length=1, max_length=MAX_ID_LENGTH,
+    session_id: SessionId | None = Field(
+        default=None,
         description="Bind the request to a session (also: header X-Leyline-Session). The runtime diffs "
                     "`messages` against the session's history and applies the edits as directives.")
     leyline: LeylineOptions | None = None
@@ -74,13 +151,19 @@ class ChatCompletionRequest(BaseModel):
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     top_k: int | None = Field(default=None, ge=0)
-    seed: int | None = None
-    stop: str | list[str] | None = None
+    seed: int | None = Field(default=None, ge=-(2**63), lt=2**63)
+    stop: str | list[str] | None = Field(default=None, max_length=4)
     n: int = Field(default=1, ge=1, le=1, description="Only one choice is supported")
     logprobs: bool | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
-    tools: list[Tool] | None = Field(default=None, max_length=128)
-    tool_choice: ToolChoice | None = None
+    context_management: ContextManagement | None = None
+    # documented no-ops
+    user: str | None = Field(default=None, max_length=256, description="Accepted; not used")
+    metadata: dict[str, str] | None = Field(default=None, max_length=16, description="Accepted; not used")
+    prompt_cache_key: str | None = Field(default=None, max_length=256,
+                                         description="Accepted; not used (the cache follows `session_id`)")
+    safety_identifier: str | None = Field(default=None, max_length=256, description="Accepted; not used")
+    store: Literal[False] | None = Field(default=None, description="Nothing is stored; only false is accepted")
 
     @model_validator(mode="before")
     @classmethod
@@ -93,16 +176,6 @@ class ChatCompletionRequest(BaseModel):
                 for m in data["messages"]
             ]
         return data
-
-    @model_validator(mode="after")
-    def _tool_choice_names_a_tool(self) -> ChatCompletionRequest:
-        if isinstance(self.tool_choice, NamedToolChoice):
-            names = {t.function.name for t in self.tools or []}
-            if self.tool_choice.function.name not in names:
-                raise ValueError(f"tool_choice names {self.tool_choice.function.name!r}, which is not in tools")
-        if self.tool_choice in ("required",) and not self.tools:
-            raise ValueError("tool_choice 'required' needs tools")
-        return self
 
 
 # --- response -------------------------------------------------------------------------
@@ -141,11 +214,24 @@ class LeylineReport(BaseModel):
 
     session_id: str | None = Field(description="The bound session; null for a stateless request")
     version: int | None = Field(description="The session's version after the completion")
+    versions: list[int] = Field(default_factory=list,
+                                description="Every session version this request produced, in order (its edits, "
+                                            "its appended messages, the reply); empty for a stateless request")
     rebuilt: bool = Field(description="The session did not exist (new or evicted) and was built from the request")
     directives_applied: int = 0
     outcomes: list[DirectiveOutcome] = Field(default_factory=list)
     appended_messages: int = 0
     prefilled_tokens: int = Field(description="Prompt tokens computed for this request (the rest came from cache)")
+
+
+class AppliedEdit(BaseModel):
+    type: Literal["clear_tool_uses_20250919"] = "clear_tool_uses_20250919"
+    cleared_tool_uses: int
+    cleared_input_tokens: int
+
+
+class ContextManagementReport(BaseModel):
+    applied_edits: list[AppliedEdit]
 
 
 class ChatCompletion(BaseModel):
@@ -157,6 +243,7 @@ class ChatCompletion(BaseModel):
     usage: CompletionUsage
     system_fingerprint: str | None = None
     leyline: LeylineReport
+    context_management: ContextManagementReport | None = None
 
 
 class ModelCard(BaseModel):
@@ -175,3 +262,6 @@ class ModelList(BaseModel):
 class Health(BaseModel):
     status: Literal["ok"] = "ok"
     model: str
+    durability: Literal["memory", "snapshot"] = Field(
+        description="`memory`: sessions are a cache and a restart loses them; `snapshot`: their message "
+                    "histories are saved on shutdown and prefilled again at start (`--state-dir`)")

@@ -13,7 +13,6 @@ from typing import Any
 from leyline_sdk.protocol import GenerateRequest, Message
 from leyline_sdk.tools_prompt import tools_message as shared_tools_message
 
-from .. import chat_template as tpl
 from .openai_schema import ChatCompletionRequest, NamedToolChoice
 
 DEFAULT_MAX_TOKENS = 256
@@ -34,11 +33,9 @@ def prompt_messages(request: ChatCompletionRequest) -> list[Message]:
 
 
 def stop_strings(request: ChatCompletionRequest) -> list[str]:
+    # tool_choice "none" keeps the tools in the prompt (so toggling it keeps the
+    # history cached); the tool-call token is masked instead (see .constraints).
     stops = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
-    if request.tool_choice == "none" and request.tools:
-        # Tools stay in the prompt (so toggling tool_choice keeps the history
-        # cached); the model is just stopped before it can open a call.
-        stops.append(tpl.TOOL_CALL)
     return [s for s in stops if s]
 
 

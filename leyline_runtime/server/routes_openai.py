@@ -1,7 +1,11 @@
-"""OpenAI-compatible endpoints: ``/v1/chat/completions`` and ``/v1/models``."""
+"""OpenAI-compatible endpoints: ``/v1/chat/completions`` and ``/v1/models``.
+
+Errors here are in OpenAI's shape with 400 for invalid requests (:mod:`.openai_errors`).
+"""
 
 from __future__ import annotations
 
+import re
 from functools import partial
 from typing import Annotated
 
@@ -9,20 +13,25 @@ from fastapi import APIRouter, Header, Request
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from leyline_sdk.errors import ValidationFailed
-from leyline_sdk.protocol import MAX_ID_LENGTH
+from leyline_sdk.protocol import MAX_ID_LENGTH, SESSION_ID_PATTERN
 
 from ..runtime import Runtime
 from .chat import ChatService
 from .completion import CompletionIds, completion
-from .errors import error_responses
+from .json_body import OrjsonRoute
+from .openai_errors import OpenAIError, OpenAIRoute, openai_error_responses
 from .openai_schema import ChatCompletion, ChatCompletionRequest, ModelCard, ModelList
 from .prompt import stop_strings
-from .routes_sessions import RuntimeDep, Tenant
+from .routes_sessions import RuntimeDep, Tenant, check_limits
 from .sse import stream_chat
 from .streaming import DeltaDecoder
 
-router = APIRouter(prefix="/v1", tags=["openai"])
+
+class _Route(OpenAIRoute, OrjsonRoute):
+    """Bodies parsed with orjson; every error answered in OpenAI's shape."""
+
+
+router = APIRouter(prefix="/v1", tags=["openai"], route_class=_Route)
 
 SESSION_HEADER = "X-Leyline-Session"
 
@@ -33,14 +42,22 @@ _STREAM_DOC = {"text/event-stream": {"schema": {"type": "string"},
 def _bound_session(body: ChatCompletionRequest, header: str | None) -> str | None:
     if body.session_id is not None or not header:
         return body.session_id
-    if len(header) > MAX_ID_LENGTH:
-        raise ValidationFailed(f"{SESSION_HEADER} is longer than {MAX_ID_LENGTH} characters")
+    if not re.fullmatch(SESSION_ID_PATTERN, header):
+        raise OpenAIError(f"{SESSION_HEADER}: a session id is 1-{MAX_ID_LENGTH} characters of "
+                          "A-Z a-z 0-9 . _ : @ -, starting with a letter or digit", param=SESSION_HEADER,
+                          code="invalid_request")
     return header
+
+
+def _check_model(body: ChatCompletionRequest, served: str) -> None:
+    if body.model is not None and body.model != served:
+        raise OpenAIError(f"The model {body.model!r} does not exist; this server serves {served!r}",
+                          param="model", code="model_not_found", status=404)
 
 
 @router.post("/chat/completions", response_model=ChatCompletion,
              responses={200: {"content": _STREAM_DOC, "description": "A completion, or an SSE stream when "
-                              "`stream` is true"}, **error_responses(404, 409, 413)},
+                              "`stream` is true"}, **openai_error_responses(404, 409, 413)},
              summary="OpenAI chat completions; with a session, history edits become directives")
 async def chat_completions(
     body: ChatCompletionRequest,
@@ -50,7 +67,9 @@ async def chat_completions(
 ) -> ChatCompletion | StreamingResponse:
     service: ChatService = request.app.state.chat
     runtime: Runtime = request.app.state.runtime
+    _check_model(body, runtime.config.model_name)
     session_id = _bound_session(body, x_leyline_session)
+    check_limits(request, body.messages)
     ids = CompletionIds(runtime.config.model_name)
     run = partial(service.complete, body, tenant, session_id)
     if not body.stream:
@@ -60,7 +79,7 @@ async def chat_completions(
     return await stream_chat(lambda on_token: run(on_token=on_token), decoder, ids, include_usage)
 
 
-@router.get("/models", response_model=ModelList, responses=error_responses(), summary="The served model")
+@router.get("/models", response_model=ModelList, responses=openai_error_responses(), summary="The served model")
 async def list_models(request: Request, runtime: RuntimeDep, tenant: Tenant) -> ModelList:
     card = ModelCard(id=runtime.config.model_name, created=request.app.state.started,
                      max_model_len=runtime.max_positions)

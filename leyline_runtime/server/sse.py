@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import threading
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -21,14 +20,11 @@ from typing import Any
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from leyline_sdk.errors import LeylineError
-
 from . import completion as out
 from .chat import ChatTurn, OnToken
 from .completion import CompletionIds
+from .openai_errors import error_body
 from .streaming import DeltaDecoder
-
-log = logging.getLogger("leyline.server")
 
 Item = tuple[str, Any]  # ("delta", text) | ("done", ChatTurn) | ("error", exception)
 
@@ -82,7 +78,7 @@ async def _events(first: Item, queue: asyncio.Queue[Item], task: asyncio.Task, c
                 yield sse(out.chunk(ids, {"content": item[1]}))
             item = await queue.get()
         if item[0] == "error":
-            yield sse(_error_body(item[1]))
+            yield sse(error_body(item[1])[1])
         else:
             for body in _closing_chunks(item[1], decoder, ids, include_usage):
                 yield sse(body)
@@ -104,12 +100,3 @@ def _closing_chunks(turn: ChatTurn, decoder: DeltaDecoder, ids: CompletionIds,
     if include_usage:
         chunks.append(out.usage_chunk(turn, ids))
     return chunks
-
-
-def _error_body(exc: Exception) -> dict[str, Any]:
-    if isinstance(exc, LeylineError):
-        return exc.to_body()
-    if isinstance(exc, (ValueError, IndexError, OverflowError)):
-        return {"error": {"code": "invalid_request", "message": str(exc)}}
-    log.error("chat stream failed", exc_info=exc)
-    return {"error": {"code": "internal_error", "message": "internal error"}}

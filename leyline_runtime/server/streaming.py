@@ -3,14 +3,14 @@
 The final message is what the runtime makes of the whole generation: text cut
 at a stop string, tool-call blocks parsed out. A delta is only sent once no
 later token can take it back, so everything sent is a prefix of the final
-content. Held back: an incomplete UTF-8 character, anything from a tool-call
-marker on (tool calls go out whole at the end), and the last few characters
-that might still turn into a stop string.
+content. Held back: an incomplete UTF-8 character, anything from the
+tool-call token on (tool calls go out whole at the end), and the last few
+characters that might still turn into a stop string. Text that merely spells
+the markup is content like any other.
 """
 
 from __future__ import annotations
 
-from .. import chat_template as tpl
 from ..tokenizer import ChatTokenizer
 
 _REPLACEMENT_CHAR = "\ufffd"
@@ -28,6 +28,9 @@ class DeltaDecoder:
     def push(self, token_id: int) -> str:
         """The new safe text after ``token_id`` (may be empty)."""
         if self.closed or token_id == self.tokenizer.end_id:
+            return ""
+        if token_id == self.tokenizer.tool_call_id:
+            self.closed = True
             return ""
         self.tokens.append(token_id)
         text = self.tokenizer.decode(self.tokens)
@@ -48,7 +51,7 @@ class DeltaDecoder:
 
     def _safe_length(self, text: str) -> int:
         cut = len(text)
-        for marker in (tpl.TOOL_CALL, *self.stops):
+        for marker in self.stops:
             at = text.find(marker)
             if at >= 0:
                 cut = min(cut, at)
@@ -56,15 +59,6 @@ class DeltaDecoder:
         if self.closed:
             return cut
         cut -= self.hold
-        cut = min(cut, len(text) - _partial_marker(text, tpl.TOOL_CALL))
         while cut > 0 and text[cut - 1] == _REPLACEMENT_CHAR:
             cut -= 1
         return max(cut, 0)
-
-
-def _partial_marker(text: str, marker: str) -> int:
-    """Length of the longest suffix of ``text`` that is a proper prefix of ``marker``."""
-    for n in range(min(len(marker) - 1, len(text)), 0, -1):
-        if text.endswith(marker[:n]):
-            return n
-    return 0
