@@ -54,6 +54,8 @@ def add_parser(sub) -> None:
     p.add_argument("--no-peer", action="store_true", help="skip the transformers peer")
     p.add_argument("--model", default=None, help="model folder (default: the embedded default model)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--arms", nargs="+", default=None, choices=LEYLINE_ARMS + PEER_ARMS,
+                   help="run only these arms (amortize always runs: the ratios are to it)")
     p.add_argument("--no-warm-up", action="store_true",
                    help="skip the untimed round on the smallest context (it costs a whole cell)")
     p.add_argument("--max-positions", type=int, default=None,
@@ -76,8 +78,9 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
 class EditCell:
     """One (context, position, span) cell: the edit, its arms, their samples."""
 
-    def __init__(self, runtime: Runtime, peer, base_id: str, history, peer_cache, spec):
+    def __init__(self, runtime: Runtime, peer, base_id: str, history, peer_cache, spec, only=None):
         self.runtime, self.peer, self.base_id, self.spec = runtime, peer, base_id, spec
+        self.only = only
         tok = runtime.tokenizer
         self.edited = apply_directives(history, [spec.directive])
         self.old_ids, self.new_ids = _flat(tok, history), _flat(tok, self.edited)
@@ -86,7 +89,8 @@ class EditCell:
         self.outcomes: dict[str, dict] = {}
 
     def arms(self) -> tuple[str, ...]:
-        return LEYLINE_ARMS + (PEER_ARMS if self.peer is not None else ())
+        arms = LEYLINE_ARMS + (PEER_ARMS if self.peer is not None else ())
+        return tuple(a for a in arms if self.only is None or a in self.only or a == "amortize")
 
     def measure(self, arm: str) -> float:
         gc.collect()
@@ -145,8 +149,9 @@ class EditCell:
 
 def _summarise(cell: EditCell, context: int, samples: dict[str, list[float]]) -> dict:
     med = {arm: median(v) for arm, v in samples.items()}
-    if "peer_full" in med:
-        med["peer"] = min(med["peer_full"], med["peer_crop"])
+    peers = [med[a] for a in PEER_ARMS if a in med]
+    if peers:
+        med["peer"] = min(peers)
     base = med["amortize"]
     am = cell.outcomes.get("amortize", {})
     return {
@@ -174,7 +179,8 @@ def _context_cells(runtime, peer, n: int, args, log) -> list[dict]:
     tok = runtime.tokenizer
     history = history_of_length(tok, n)
     base_id = runtime.create_session(SessionCreate(messages=history), TENANT).session_id
-    peer_cache = peer.prefill(_flat(tok, history)) if peer is not None else None
+    wants_crop = peer is not None and (args.arms is None or "peer_crop" in args.arms)
+    peer_cache = peer.prefill(_flat(tok, history)) if wants_crop else None
     cells = []
     try:
         for position in args.positions:
@@ -184,7 +190,7 @@ def _context_cells(runtime, peer, n: int, args, log) -> list[dict]:
                 except ValueError as e:  # this history has no such edit
                     log(f"edit ctx={n} pos={position} span={span}: skipped: {e}")
                     continue
-                cell = EditCell(runtime, peer, base_id, history, peer_cache, spec)
+                cell = EditCell(runtime, peer, base_id, history, peer_cache, spec, args.arms)
                 cells.append(_run_cell(cell, n, args.reps))
                 log(_line(cells[-1]))
     finally:
@@ -194,16 +200,16 @@ def _context_cells(runtime, peer, n: int, args, log) -> list[dict]:
 
 def _line(c: dict) -> str:
     m, r = c["median_s"], c["ratio_to_amortize"]
-    peer = f" peer {m['peer'] * 1000:.0f} ms ({r['peer']:.0f}x)" if "peer" in m else ""
+    others = ", ".join(f"{arm} {m[arm] * 1000:.0f} ms ({r[arm]:.2g}x)" for arm in ("copy", "forget", "full", "peer")
+                       if arm in m)
     return (f"edit ctx={c['context']} pos={c['position']} span={c['span']}: amortize {m['amortize'] * 1000:.1f} ms, "
-            f"forget {m['forget'] * 1000:.0f} ms ({r['forget']:.0f}x), full {m['full'] * 1000:.0f} ms "
-            f"({r['full']:.0f}x){peer}")
+            + others)
 
 
 def _warm_up(runtime, peer, n: int) -> None:
     """One untimed round of every arm on the smallest context: first calls pay one-time costs."""
     if n:
-        warm = argparse.Namespace(positions=[0.5], spans=["message"], reps=1)
+        warm = argparse.Namespace(positions=[0.5], spans=["message"], reps=1, arms=None)
         _context_cells(runtime, peer, n, warm, log=lambda _: None)
 
 
@@ -225,7 +231,7 @@ def run(args, log=print) -> dict:
         if not args.quick and not args.no_warm_up:
             _warm_up(runtime, peer, min(fits))
         cells = [c for n in args.contexts if n <= limit for c in _context_cells(runtime, peer, n, args, log)]
-    keys = ("contexts", "positions", "spans", "reps", "no_peer", "model", "dtype", "max_positions")
+    keys = ("contexts", "positions", "spans", "reps", "no_peer", "model", "dtype", "max_positions", "arms")
     result = {"benchmark": "edit", "settings": {k: getattr(args, k) for k in keys},
               "runtime": runtime_info(runtime), "cells": cells, "skipped": skipped,
               "notes": _notes(skipped)}
@@ -255,8 +261,8 @@ def _markdown(cells, skipped) -> str:
         r, m = c["ratio_to_amortize"], c["median_s"]
         ms = [_ms(m, arm) for arm in ("amortize", "copy", "forget", "full", "peer")]
         rows.append([c["context"], f"{c['position']:.0%}", c["edit"]["start_token"], c["span"], c["edit"]["delta"], *ms,
-                     ratio(m["amortize"], m["copy"]), r.get("forget"), r.get("full"), r.get("peer"),
-                     ratio(m.get("peer_full"), m["forget"])])
+                     ratio(m["amortize"], m.get("copy")), r.get("forget"), r.get("full"), r.get("peer"),
+                     ratio(m.get("peer_full"), m.get("forget"))])
     text = md_table(headers, rows)
     if skipped:
         text += "\n\n" + "\n".join(f"- context {s['context']}: {s['note']}" for s in skipped)

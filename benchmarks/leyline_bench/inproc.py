@@ -42,7 +42,7 @@ def serve_in_thread(config, startup_timeout: float = 120.0) -> Iterator[str]:
 
 
 @contextmanager
-def serve_in_subprocess(args: list[str], startup_timeout: float = 180.0) -> Iterator[str]:
+def serve_in_subprocess(args: list[str], startup_timeout: float = 600.0) -> Iterator[str]:
     """``leyline-runtime serve <args>`` on 127.0.0.1:<free port> in a child process; yields the base URL.
 
     The load generator then shares no interpreter (and no GIL) with the server, as real clients don't.
