@@ -10,10 +10,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import edit, fidelity, kernel, replay, serve
+from . import edit, fidelity, grammar, kernel, replay, serve
 from .machine import set_command
 
-SUBCOMMANDS = (edit, kernel, fidelity, replay, serve)
+SUBCOMMANDS = (edit, kernel, fidelity, grammar, replay, serve)
 
 
 def build_parser() -> argparse.ArgumentParser:
