@@ -38,12 +38,13 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from langchain.agents import create_agent
+
 from langchain.agents.middleware import AgentMiddleware, ClearToolUsesEdit, ContextEditingMiddleware
 from langchain_core.messages import AIMessage, RemoveMessage, ToolMessage
 from langchain_core.tools import ToolException, tool
 from langgraph.checkpoint.memory import InMemorySaver
 
+from leyline_langchain import create_agent
 from leyline_sdk import AsyncLeylineClient, CallStats, LeylineMemory, Message
 
 WORKDIR = Path(tempfile.mkdtemp(prefix="leyline-agent-"))
@@ -200,15 +201,15 @@ async def run(args: argparse.Namespace) -> Report:
     report = Report()
     memory = LeylineMemory(leyline_client(), on_call=report)
 
-    agent = create_agent(
-        model=memory.chat_model(max_tokens=args.max_tokens),
-        tools=[calculator, read_file],
+    agent = create_agent(  # leyline_langchain.create_agent: Leyline's middleware goes last
+        memory,
+        [calculator, read_file],
+        model_kwargs={"max_tokens": args.max_tokens},
         system_prompt="You are an order assistant. Use read_file and calculator; answer with the total.",
         middleware=[
             ScriptedDecisions(),
             HistoryEditor(),
             ContextEditingMiddleware(edits=[ClearToolUsesEdit(trigger=args.clear_trigger, keep=3)]),
-            memory.middleware(),  # last: it sees the view the model gets
         ],
         checkpointer=InMemorySaver(),
     )
