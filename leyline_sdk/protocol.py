@@ -128,7 +128,7 @@ class Directive(BaseModel):
         else:
             if isinstance(rep, list) and rep and not all(isinstance(t, int) for t in rep):
                 raise ValueError("a token span takes text or token ids as replacement")
-            if isinstance(rep, list) and any(t < 0 for t in rep):
+            if isinstance(rep, list) and any(isinstance(t, int) and t < 0 for t in rep):
                 raise ValueError("token ids must be non-negative")
         return self
 
