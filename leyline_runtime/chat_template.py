@@ -37,13 +37,17 @@ SPECIAL_TOKENS = [PAD, END_OF_TEXT, *ROLE_TOKENS.values(), END, TOOL_CALL, END_T
 _TOOL_CALL_RE = re.compile(re.escape(TOOL_CALL) + r"(.*?)" + re.escape(END_TOOL_CALL), re.S)
 
 
-def render_tool_call(call: ToolCall) -> str:
+def tool_call_payload(call: ToolCall) -> str:
+    """The JSON between the tool-call brackets."""
     try:
         arguments = json.loads(call.function.arguments or "{}")
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):
         arguments = call.function.arguments  # rendered verbatim as a JSON string
-    payload = json.dumps({"name": call.function.name, "arguments": arguments}, ensure_ascii=False)
-    return f"{TOOL_CALL}{payload}{END_TOOL_CALL}"
+    return json.dumps({"name": call.function.name, "arguments": arguments}, ensure_ascii=False)
+
+
+def render_tool_call(call: ToolCall) -> str:
+    return f"{TOOL_CALL}{tool_call_payload(call)}{END_TOOL_CALL}"
 
 
 def render_body(message: Message) -> str:

@@ -2,21 +2,42 @@
 
 Subcommands register themselves in :data:`COMMANDS` (name -> (help, add
 arguments, run)); ``serve`` starts the HTTP service.
+
+Building the parser imports neither torch nor FastAPI (``--help`` is instant
+and works without the ``runtime`` extra; tests/test_cli_light.py checks it).
+``serve`` checks what it can before the model load (the extra, the model
+folder, the port) and reports a problem as one line.
+
+``train`` and ``evaluate`` run code from ``leyline_training``, which sits
+outside the serving package. This is the one import from the runtime to
+training, and it is documented as an exception in docs/design.md: the
+imports are function-local, so the serving code never loads training code
+unless one of those two commands is run.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import socket
 import sys
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from .extras import MissingExtra, require
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
 # RuntimeConfig's defaults, repeated so that --help does not import torch
 # (tests/test_server_cli.py checks they agree).
 SERVE_DEFAULTS = {"dtype": "float32", "device": "cpu", "max_cache_tokens": 65536, "model_name": "leyline-default"}
+DRIFT_BUDGET_DEFAULT = 24.0  # AutoConfig.drift_budget (checked by the same test)
+# server.limits.Limits' defaults, for the same reason.
+LIMIT_DEFAULTS = {"max_body_bytes": 8 * 2**20, "max_message_bytes": 2**20, "max_messages": 4096,
+                  "body_timeout": 30.0}
+KEEP_ALIVE_TIMEOUT = 5
 
 Command = tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]
 
@@ -42,33 +63,138 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                         "service is open, unless LEYLINE_API_KEYS (comma-separated) is set")
     p.add_argument("--model-name", default=defaults.model_name,
                    help="model id reported by /v1/models and in completions (default: %(default)s)")
+    p.add_argument("--drift-budget", type=_drift_budget, metavar="X", default=DRIFT_BUDGET_DEFAULT,
+                   help="per-session budget for the drift that mode \"auto\" edits leave (the sum of their "
+                        "measured signals); past it the session is re-prefilled from its earliest drifted "
+                        "token. 'none' turns repairs off (default: %(default)s)")
     p.add_argument("--threads", type=int, metavar="N", default=None,
                    help="torch CPU threads (default: torch's choice)")
+    limits = p.add_argument_group("request limits and timeouts (see docs/operations.md)")
+    limits.add_argument("--max-body-bytes", type=int, metavar="N", default=LIMIT_DEFAULTS["max_body_bytes"],
+                        help="largest request body; larger is 413 request_too_large, unread (default: %(default)s)")
+    limits.add_argument("--max-message-bytes", type=int, metavar="N",
+                        default=LIMIT_DEFAULTS["max_message_bytes"],
+                        help="largest message text (content, name, tool calls; UTF-8 bytes) (default: %(default)s)")
+    limits.add_argument("--max-messages", type=int, metavar="N", default=LIMIT_DEFAULTS["max_messages"],
+                        help="most messages in one request (default: %(default)s)")
+    limits.add_argument("--max-request-tokens", type=int, metavar="N", default=None,
+                        help="most new tokens one request may add (messages, replacements); "
+                             "default: the model's context")
+    limits.add_argument("--body-timeout", type=float, metavar="SECONDS", default=LIMIT_DEFAULTS["body_timeout"],
+                        help="time a client has to send its whole request body; slower is 408 request_timeout "
+                             "and the connection is closed (default: %(default)s)")
+    limits.add_argument("--keep-alive-timeout", type=int, metavar="SECONDS", default=KEEP_ALIVE_TIMEOUT,
+                        help="close idle keep-alive connections after this long (default: %(default)s)")
+    limits.add_argument("--max-connections", type=int, metavar="N", default=None,
+                        help="most concurrent connections and requests; more get 503 (default: no limit)")
+    p.add_argument("--admin-key", dest="admin_keys", metavar="KEY", action="extend", nargs="+", default=[],
+                   help="an API key that sees every tenant's /metrics (repeatable; also a tenant of its own)")
+    p.add_argument("--state-dir", metavar="DIR", default=None,
+                   help="save every session's message history here on shutdown (SIGTERM/SIGINT) and restore "
+                        "it at start, so a restart costs a re-prefill instead of lost history "
+                        "(default: none; sessions live in memory only)")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
                    help="server log level (default: %(default)s)")
 
 
+def _drift_budget(text: str) -> float | None:
+    if text.strip().lower() == "none":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number or 'none', not {text!r}") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"the drift budget must be a finite number >= 0, not {text!r}")
+    return value
+
+
 def run_serve(args: argparse.Namespace) -> int:
+    require("runtime", "leyline-runtime serve")
+    problem = serve_arguments_problem(args)
+    if problem:
+        return fail(problem)
     import uvicorn
 
+    from .model.config import UnsupportedConfig
     from .server import create_app
 
-    if args.max_cache_tokens <= 0:
-        print("error: --max-cache-tokens must be positive", file=sys.stderr)
-        return 2
-    runtime = build_runtime(args)
-    app = create_app(runtime=runtime)
+    from .server.limits import Limits
+
+    try:
+        runtime = build_runtime(args)
+    except (OSError, UnsupportedConfig) as exc:
+        return fail(f"cannot load --model {args.model}: {exc}")
+    limits = Limits(max_body_bytes=args.max_body_bytes, max_message_bytes=args.max_message_bytes,
+                    max_messages=args.max_messages, body_timeout=args.body_timeout)
+    app = create_app(runtime=runtime, limits=limits, admin_keys=args.admin_keys, state_dir=args.state_dir)
     keys = len(args.api_keys) or len([k for k in os.environ.get("LEYLINE_API_KEYS", "").split(",") if k.strip()])
     say(f"auth: {f'{keys} API key(s), one tenant each' if keys else 'off (no API keys)'}")
     say(f"listening on http://{args.host}:{args.port}  (OpenAI base URL: http://{args.host}:{args.port}/v1)")
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
+                timeout_keep_alive=args.keep_alive_timeout, limit_concurrency=args.max_connections,
+                h11_max_incomplete_event_size=64 * 1024)  # request line + headers
     return 0
+
+
+def serve_arguments_problem(args: argparse.Namespace) -> str | None:
+    """What is wrong with ``serve``'s arguments, found before the (slow) model load; None if nothing."""
+    for flag in ("max_cache_tokens", "max_body_bytes", "max_message_bytes", "max_messages", "body_timeout",
+                 "max_request_tokens", "max_connections"):
+        value = getattr(args, flag)
+        if value is not None and value <= 0:
+            return f"--{flag.replace('_', '-')} must be positive"
+    if args.model is not None:
+        problem = model_folder_problem(Path(args.model))
+        if problem:
+            return f"--model {args.model}: {problem}"
+    return port_problem(args.host, args.port)
+
+
+def model_folder_problem(folder: Path) -> str | None:
+    if not folder.is_dir():
+        return "no such folder (expected a Hugging Face style folder: config.json, *.safetensors, tokenizer.json)"
+    config = folder / "config.json"
+    if not config.is_file():
+        return "no config.json in it"
+    try:
+        json.loads(config.read_text())
+    except (OSError, ValueError) as exc:
+        return f"config.json is not readable JSON ({exc})"
+    if not any((folder / name).is_file() for name in ("model.safetensors", "model.safetensors.index.json")):
+        return "no model.safetensors or model.safetensors.index.json in it"
+    if not (folder / "tokenizer.json").is_file():
+        return "no tokenizer.json in it"
+    return None
+
+
+def port_problem(host: str, port: int) -> str | None:
+    """Bind and release the address the server will listen on (uvicorn binds with SO_REUSEADDR too)."""
+    if not 0 <= port <= 65535:
+        return f"--port {port} is not a port number (0-65535)"
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except socket.gaierror as exc:
+        return f"--host {host}: cannot resolve it ({exc.strerror})"
+    with socket.socket(family, kind, proto) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(address)
+        except OSError as exc:
+            return f"cannot listen on {host}:{port}: {exc.strerror} (is another server running there? choose one with --port)"
+    return None
+
+
+def fail(message: str) -> int:
+    print(f"leyline-runtime: error: {message}", file=sys.stderr, flush=True)
+    return 2
 
 
 def build_runtime(args: argparse.Namespace):
     """Load model, tokenizer and cache in stages, saying what each one got."""
     import torch
 
+    from .auto_mode import AutoConfig
     from .model import load_model
     from .model.default import DEFAULT_MODEL_DIR
     from .runtime import Runtime, RuntimeConfig
@@ -78,7 +204,8 @@ def build_runtime(args: argparse.Namespace):
         torch.set_num_threads(args.threads)
     config = RuntimeConfig(model_path=args.model, dtype=args.dtype, device=args.device,
                            max_cache_tokens=args.max_cache_tokens, api_keys=list(args.api_keys),
-                           model_name=args.model_name)
+                           model_name=args.model_name, auto=AutoConfig(drift_budget=args.drift_budget),
+                           max_request_tokens=args.max_request_tokens)
     source = args.model or f"embedded default ({DEFAULT_MODEL_DIR})"
     with stage(f"[1/3] loading model: {source}"):
         dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[args.dtype]
@@ -119,23 +246,29 @@ def say(text: str) -> None:
 # --- entry point ---------------------------------------------------------------------------
 
 def _add_train_arguments(p: argparse.ArgumentParser) -> None:
-    from leyline_training import train
-    train.add_arguments(p)
+    from leyline_training.cli import add_train_arguments  # torch-free; see the module docstring
+
+    add_train_arguments(p)
 
 
 def _run_train(args: argparse.Namespace) -> int:
+    require("train", "leyline-runtime train")
     from leyline_training import train
+
     train.run(args)
     return 0
 
 
 def _add_evaluate_arguments(p: argparse.ArgumentParser) -> None:
-    from leyline_training import evaluate
-    evaluate.add_arguments(p)
+    from leyline_training.cli import add_evaluate_arguments
+
+    add_evaluate_arguments(p)
 
 
 def _run_evaluate(args: argparse.Namespace) -> int:
+    require("train", "leyline-runtime evaluate")
     from leyline_training import evaluate
+
     evaluate.run(args)
     return 0
 
@@ -164,7 +297,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return args.run(args)
+    try:
+        return args.run(args)
+    except MissingExtra as exc:
+        print(f"leyline-runtime: error: {exc}", file=sys.stderr, flush=True)
+        return 1
 
 
 if __name__ == "__main__":

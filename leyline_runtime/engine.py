@@ -1,42 +1,62 @@
-"""Prefill and decode of one sequence against the paged cache.
+"""The engine: one thread runs every model step; callers submit sequences and wait.
 
-The engine is stateless about sessions: callers hand it a block table and
-how many positions are already cached. Prefill is chunked so a long prompt
-never needs one ``[T, T]`` attention matrix.
+Sessions never share a lock around model work: whatever thread asks for a
+prefill or a generation hands the engine a :class:`Sequence` and waits for
+its events, while the engine thread batches all running sequences into
+one forward per step (decode steps of every generation, plus prefill chunks
+under a token budget; see :mod:`.scheduler`). Sampling, stop rules and
+logprobs run per sequence on the engine thread; the waiting thread sees each
+token as it comes, and its callback raising cancels its sequence only.
 """
 
 from __future__ import annotations
 
+import logging
+import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import torch
 
 from leyline_sdk.protocol import SamplingParams
 
+from .generation import Generation, GenerationState
 from .kv_cache import BlockPool, BlockTable, ensure_capacity
 from .model import DeepseekForCausalLM
-from .sampling import LogitsProcessor, SamplerState, sample_token
+from .model_runner import ModelRunner
+from .sampling import LogitsProcessor
+from .scheduler import Chunk, Scheduler
+from .sequence import Sequence, SequenceCancelled, Status
 
+__all__ = ["Engine", "Generation"]
 
-@dataclass
-class Generation:
-    tokens: list[int]
-    finish_reason: str  # "stop" (end token or stop string) | "length"
-    stop_string: str | None = None
-    # per generated token: (logprob, [(token_id, logprob), ...]) when asked
-    logprobs: list[tuple[float, list[tuple[int, float]]]] = field(default_factory=list)
+log = logging.getLogger("leyline.engine")
 
 
 class Engine:
-    def __init__(self, model: DeepseekForCausalLM, pool: BlockPool, prefill_chunk: int = 2048):
+    def __init__(self, model: DeepseekForCausalLM, pool: BlockPool, prefill_chunk: int = 8192,
+                 max_batched_tokens: int = 512, max_num_seqs: int = 64):
         self.model = model
         self.pool = pool
-        self.prefill_chunk = prefill_chunk
+        self.runner = ModelRunner(model, pool)
+        self.scheduler = Scheduler(max_batched_tokens, prefill_chunk, max_num_seqs)
+        self._wakeup = threading.Condition()
+        self._inbox: list[Sequence] = []
+        self._thread: threading.Thread | None = None
 
     @property
     def device(self) -> torch.device:
         return self.pool.rows.device
+
+    @property
+    def prefill_chunk(self) -> int:
+        """The most tokens one forward prefills (activation memory bound)."""
+        return self.scheduler.max_prefill_tokens
+
+    @prefill_chunk.setter
+    def prefill_chunk(self, value: int) -> None:
+        self.scheduler.max_prefill_tokens = value
+
+    # -- what callers ask for (any thread) ---------------------------------------------
 
     def prefill(self, table: BlockTable, tokens: list[int], start: int,
                 logits: str = "last") -> torch.Tensor | None:
@@ -45,24 +65,33 @@ class Engine:
         Attention sees the rows of positions ``< start`` already in the table.
         ``logits``: "last" -> [vocab] of the last token, "all" -> [T, vocab], "none".
         """
-        if not tokens:
+        return self.prefill_runs(table, [(start, tokens)], logits)
+
+    def prefill_runs(self, table: BlockTable, runs: list[tuple[int, list[int]]],
+                     logits: str = "none") -> torch.Tensor | None:
+        """Prefill several runs ``(start, tokens)`` of one table, in position order, as one piece of work.
+
+        A run sees the rows of the runs before it, so they may share a forward.
+        Logits ("last" / "all") are those of the last run.
+        """
+        seqs, before = [], None
+        for start, tokens in runs:
+            if tokens:
+                before = Sequence(table, start, list(tokens), logits="none", after=before)
+                seqs.append(before)
+        if not seqs:
             return None
-        end = start + len(tokens)
-        ids = torch.tensor(tokens, dtype=torch.long, device=self.device)
-        all_rows = table.rows(0, end, self.device)
-        outs = []
-        for s in range(0, len(tokens), self.prefill_chunk):
-            e = min(s + self.prefill_chunk, len(tokens))
-            last_chunk = e == len(tokens)
-            want = logits if logits == "all" else ("last" if last_chunk and logits == "last" else "none")
-            out = self.model.forward_cached(
-                ids[s:e], torch.arange(start + s, start + e, device=self.device), self.pool.rows,
-                all_rows[start + s: start + e], all_rows[: start + e], logits=want)
-            if out is not None:
-                outs.append(out)
-        if logits == "all":
-            return torch.cat(outs)
-        return outs[-1] if outs else None
+        seqs[-1].logits = logits
+        self._submit(*seqs)
+        result, error = None, None
+        for seq in seqs:  # every run is waited for: the table is the caller's again only then
+            try:
+                result = self._wait(seq)
+            except Exception as exc:  # noqa: BLE001 - re-raised below
+                error = error or exc
+        if error is not None:
+            raise error
+        return result
 
     def decode(self, table: BlockTable, num_cached: int, first_logits: torch.Tensor,
                params: SamplingParams, stop_ids: set[int], max_positions: int,
@@ -77,37 +106,113 @@ class Engine:
         the generation. ``processors`` change the logits before each choice (logprobs report
         the model's own distribution).
         """
-        sampler = SamplerState.create(params, processors)
-        stops = params.stop_strings()
-        logits = first_logits
-        tokens: list[int] = []
-        logprobs = []
-        position = num_cached
+        state = GenerationState.create(params, stop_ids, num_cached, max_positions, decode_text, processors)
+        seq = Sequence(table, num_cached, [], generation=state, first_logits=first_logits)
+        self._submit(seq)
+        return self._wait(seq, on_token)
+
+    # -- the waiting side ---------------------------------------------------------------
+
+    def _submit(self, *seqs: Sequence) -> None:
+        with self._wakeup:
+            self._inbox.extend(seqs)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="leyline-engine", daemon=True)
+                self._thread.start()
+            self._wakeup.notify()
+
+    def _wait(self, seq: Sequence, on_token: Callable[[int], None] | None = None):
         while True:
-            tok = sample_token(logits, sampler)
-            if on_token is not None:
-                on_token(tok)
-            if params.logprobs:
-                logprobs.append(_logprob_entry(logits, tok, params.top_logprobs))
-            if tok in stop_ids:
-                return Generation(tokens + [tok], "stop", logprobs=logprobs)
-            tokens.append(tok)
-            if stops and decode_text is not None:
-                text = decode_text(tokens)
-                hit = next((s for s in stops if s in text), None)
-                if hit is not None:
-                    return Generation(tokens, "stop", stop_string=hit, logprobs=logprobs)
-            if len(tokens) >= params.max_tokens or position + 1 >= max_positions:
-                return Generation(tokens, "length", logprobs=logprobs)
-            ensure_capacity(self.pool, table, position + 1)
-            logits = self.prefill(table, [tok], position)
-            position += 1
+            kind, value = seq.events.get()
+            if kind == "token":
+                if on_token is None:
+                    continue
+                try:
+                    on_token(value)
+                except BaseException:
+                    self._cancel(seq)
+                    raise
+            elif kind == "done":
+                return value
+            else:
+                raise value
+
+    def _cancel(self, seq: Sequence) -> None:
+        """Stop the sequence and wait until the engine has let go of it (its rows are the caller's again)."""
+        seq.cancelled = True
+        with self._wakeup:
+            self._wakeup.notify()
+        while seq.events.get()[0] == "token":
+            pass
+
+    # -- the engine thread --------------------------------------------------------------
+
+    def _loop(self) -> None:
+        while True:
+            with self._wakeup:
+                while not self._inbox and not self.scheduler.has_work():
+                    self._wakeup.wait()
+                inbox, self._inbox = self._inbox, []
+            for seq in inbox:
+                self._admit(seq)
+            for seq in self.scheduler.cancelled():
+                self._fail(seq, SequenceCancelled())
+            chunks = self.scheduler.schedule()
+            if chunks:
+                self._step(chunks)
+
+    def _admit(self, seq: Sequence) -> None:
+        if seq.cancelled:
+            self._fail(seq, SequenceCancelled())
+            return
+        self.scheduler.add(seq)
+        if seq.generation is not None:
+            self._sample(seq, seq.first_logits)
+            seq.first_logits = None
+
+    def _step(self, chunks: list[Chunk]) -> None:
+        try:
+            outputs = self.runner.run(chunks)
+        except Exception as exc:  # noqa: BLE001 - the step's sequences fail, the engine goes on
+            for seq, _ in chunks:
+                self._fail(seq, exc)
+            return
+        for (seq, n), out in zip(chunks, outputs):
+            seq.num_computed += n
+            if seq.generation is not None:
+                self._sample(seq, out[0])
+                continue
+            if out is not None:
+                seq.outputs.append(out)
+            if not seq.num_pending:
+                self._finish(seq, _prefill_result(seq))
+
+    def _sample(self, seq: Sequence, logits: torch.Tensor) -> None:
+        try:
+            token, done = seq.generation.step(logits)
+            seq.events.put(("token", token))
+            if done is not None:
+                self._finish(seq, done)
+                return
+            seq.tokens.append(token)
+            ensure_capacity(self.pool, seq.table, seq.start + len(seq.tokens))
+        except Exception as exc:  # noqa: BLE001 - a processor or the cache failing ends this sequence only
+            self._fail(seq, exc)
+
+    def _finish(self, seq: Sequence, result) -> None:
+        self.scheduler.remove(seq)
+        seq.events.put(("done", result))
+
+    def _fail(self, seq: Sequence, exc: BaseException) -> None:
+        if seq.status is Status.FINISHED:
+            return
+        self.scheduler.remove(seq)
+        seq.events.put(("error", exc))
 
 
-def _logprob_entry(logits: torch.Tensor, token: int, top: int):
-    logp = torch.log_softmax(logits.float(), dim=-1)
-    tops = []
-    if top:
-        values, ids = torch.topk(logp, top)
-        tops = list(zip(ids.tolist(), values.tolist()))
-    return float(logp[token]), tops
+def _prefill_result(seq: Sequence) -> torch.Tensor | None:
+    if seq.logits == "all":
+        return torch.cat(seq.outputs)
+    if seq.logits == "last":
+        return seq.outputs[-1][-1]
+    return None

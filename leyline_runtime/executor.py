@@ -6,23 +6,28 @@ an old row moved by δ (copy ``c_kv``, rotate ``k_pe``) or a token to prefill.
 Execution writes every changed row into fresh blocks — one rotate-and-splice
 pass over all layers, then the prefills in position order — and commits by
 swapping the block table. Nothing of the session changes before the commit,
-so an error anywhere leaves it exactly as it was.
+so an error anywhere leaves it exactly as it was. ``auto`` edits are planned as
+amortize; a ``finish`` hook (see ``auto_mode.py``) decides them on the spliced
+rows and runs their recomputes inside the same transaction.
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Protocol
 
 import torch
 
 import leyline_kernels as kernels
-from leyline_sdk.errors import InvalidSpan, OverlappingSpans
-from leyline_sdk.protocol import Directive, DirectiveOutcome, Message
+from leyline_sdk.errors import InvalidDirective, InvalidSpan, OverlappingSpans
+from leyline_sdk.protocol import AutoDecision, Directive, DirectiveOutcome, Message
 
 from . import chat_template as tpl
+from .drift import DriftState
 from .engine import Engine
 from .kv_cache import BlockTable
+from .recompute import recompute_rows
 from .session import Session
 from .tokenizer import ChatTokenizer
 
@@ -49,6 +54,7 @@ class TokenEdit:
     new_tokens: list[int]
     applied_mode: str = "amortize"
     fallback_reason: str | None = None
+    auto: AutoDecision | None = None  # requested "auto": what was chosen
 
     @property
     def delta(self) -> int:
@@ -65,12 +71,24 @@ class Plan:
     edits: list[TokenEdit]
     first_change: int  # first new position whose row is not the old row at that position
     outcomes: list[DirectiveOutcome] = field(default_factory=list)
+    drift: DriftState | None = None  # the session's drift state after the batch (set by a finish hook)
+
+    def counts(self) -> tuple[int, int, int]:
+        """Rows (reused in place, moved, computed) over the whole new sequence."""
+        computed = self.old_pos == PREFILL
+        reused = self.old_pos == torch.arange(len(self.old_pos))
+        return int(reused.sum()), int((~computed & ~reused).sum()), int(computed.sum())
+
+
+class FinishHook(Protocol):
+    def __call__(self, session: Session, plan: Plan, table: BlockTable, owned: list[int]) -> BlockTable: ...
 
 
 class DirectiveExecutor:
     def __init__(self, engine: Engine, tokenizer: ChatTokenizer, kernel: Callable = kernels.rotate_and_splice,
-                 sink_tokens: int = 0):
+                 sink_tokens: int = 0, commit_lock=None):
         self.engine = engine
+        self.commit_lock = commit_lock or contextlib.nullcontext()  # readers see a session before or after
         self.tokenizer = tokenizer
         self.kernel = kernel  # tests swap in a faulty kernel to check atomicity
         self.sink_tokens = sink_tokens
@@ -133,18 +151,26 @@ class DirectiveExecutor:
             if a.span.overlaps(b.span):
                 raise OverlappingSpans(f"directives {ia} and {ib} overlap")
         pieces, cursor = [], 0
-        for _, d in items:
+        for i, d in items:
             s, e = d.span.start - lo, d.span.end - lo
             pieces.append(self.tokenizer.decode(content_ids[cursor:s]))
             rep = d.replacement
-            pieces.append(rep if isinstance(rep, str) else self.tokenizer.decode(list(rep)))
+            pieces.append(rep if isinstance(rep, str) else self._token_text(i, list(rep)))
             cursor = e
         pieces.append(self.tokenizer.decode(content_ids[cursor:]))
         old = session.messages[m]
         new = old.model_copy(update={"content": "".join(pieces)})
         modes = {d.mode for _, d in items}
-        mode = "forget" if "forget" in modes else "amortize"
+        mode = next(m for m in ("forget", "auto", "amortize") if m in modes)
         return MessageEdit(items[0][0], m, m + 1, [new], [self.tokenizer.encode_message(new)], mode)
+
+    def _token_text(self, i: int, ids: list[int]) -> str:
+        """Token-unit replacement ids as content text; ids outside the vocabulary or special are refused."""
+        bad = [t for t in ids if t >= self.tokenizer.vocab_size or t in self.tokenizer.control_ids]
+        if bad:
+            raise InvalidDirective(f"directive {i}: replacement token ids {bad[:5]} are outside the vocabulary "
+                                   f"(size {self.tokenizer.vocab_size}) or special tokens of the template")
+        return self.tokenizer.decode(ids)
 
     def _token_edits(self, session: Session, edits: list[MessageEdit]) -> list[TokenEdit]:
         off = session.offsets()
@@ -227,12 +253,14 @@ class DirectiveExecutor:
             results[t.edit.index] = DirectiveOutcome(
                 requested_mode=t.edit.mode, applied_mode=t.applied_mode, fallback_reason=t.fallback_reason,
                 token_start=t.old_start, token_end=t.old_end, delta=t.delta, reused_tokens=reused,
-                rotated_tokens=len(region) - recomputed - reused, recomputed_tokens=recomputed)
+                rotated_tokens=len(region) - recomputed - reused, recomputed_tokens=recomputed, auto=t.auto)
         return [results[i] for i in sorted(results)]
 
     # -- execution -----------------------------------------------------------------
 
-    def execute(self, session: Session, plan: Plan, rotate: bool = True) -> None:
+    def execute(self, session: Session, plan: Plan, rotate: bool = True, finish: FinishHook | None = None) -> None:
+        """``finish(session, plan, table, owned)`` runs after the splice and prefills, before the
+        commit; it may recompute rows into a new table (allocating into ``owned``)."""
         pool, bs = self.engine.pool, self.engine.pool.block_size
         old_table = session.table
         keep_blocks = min(plan.first_change // bs, len(old_table.blocks))
@@ -243,11 +271,32 @@ class DirectiveExecutor:
             start = keep_blocks * bs
             self._splice(old_table, new_table, plan, start, rotate)
             self._prefill_runs(new_table, plan, start)
+            if finish is not None:
+                new_table = finish(session, plan, new_table, fresh)
+                plan.outcomes = self._outcomes(plan)
         except BaseException:
             pool.free(fresh)
             raise
-        pool.free(old_table.blocks[keep_blocks:])
+        self._release(old_table, new_table)
         self._commit(session, new_table, plan)
+
+    def recompute(self, session: Session, start: int, end: int) -> None:
+        """Recompute the session's rows ``[start, end)`` against its cache as it stands; rows
+        from ``end`` on are not touched. Copy-on-write, committed by swapping the table."""
+        owned: list[int] = []
+        try:
+            table = recompute_rows(self.engine, session.table, session.tokens, start, end, owned)
+        except BaseException:
+            self.engine.pool.free(owned)
+            raise
+        with self.commit_lock:
+            self._release(session.table, table)
+            session.table = table
+
+    def _release(self, old: BlockTable, new: BlockTable) -> None:
+        """Free the old table's blocks that the new one no longer uses."""
+        kept = set(new.blocks)
+        self.engine.pool.free([b for b in old.blocks if b not in kept])
 
     def _splice(self, old_table: BlockTable, new_table: BlockTable, plan: Plan, start: int, rotate: bool) -> None:
         new_pos = start + (plan.old_pos[start:] != PREFILL).nonzero().flatten()
@@ -271,9 +320,9 @@ class DirectiveExecutor:
                     cos, sin, offset, width)
 
     def _prefill_runs(self, table: BlockTable, plan: Plan, start: int) -> None:
-        """Prefill each run of new rows, in position order (each sees every row before it)."""
+        """Prefill every run of new rows as one piece of engine work (each run sees every row before it)."""
         new = (plan.old_pos == PREFILL).tolist()
-        pos, n = start, len(plan.tokens)
+        runs, pos, n = [], start, len(plan.tokens)
         while pos < n:
             if not new[pos]:
                 pos += 1
@@ -281,11 +330,19 @@ class DirectiveExecutor:
             end = pos
             while end < n and new[end]:
                 end += 1
-            self.engine.prefill(table, plan.tokens[pos:end], pos, logits="none")
+            runs.append((pos, plan.tokens[pos:end]))
             pos = end
+        self.engine.prefill_runs(table, runs)
 
     def _commit(self, session: Session, table: BlockTable, plan: Plan) -> None:
+        with self.commit_lock:
+            self._swap(session, table, plan)
+
+    @staticmethod
+    def _swap(session: Session, table: BlockTable, plan: Plan) -> None:
         session.table = table
         session.messages = plan.messages
         session.message_tokens = plan.message_tokens
+        if plan.drift is not None:
+            session.drift = plan.drift
         session.version += 1

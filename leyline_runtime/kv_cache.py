@@ -7,6 +7,7 @@ to 2-D it is what the rotate-and-splice kernel reads and writes.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 
 import torch
@@ -28,6 +29,7 @@ class BlockPool:
                                 dtype=dtype, device=device)
         # LIFO free list: recently freed blocks are warm in cache.
         self._free: list[int] = list(range(num_blocks - 1, -1, -1))
+        self._lock = threading.Lock()  # sessions allocate from their own threads, the engine while decoding
 
     @property
     def rows_per_layer(self) -> int:
@@ -45,16 +47,18 @@ class BlockPool:
         return -(-num_tokens // self.block_size)
 
     def allocate(self, n: int) -> list[int]:
-        if n > len(self._free):
-            raise CapacityExceeded(
-                f"the KV cache needs {n} more blocks of {self.block_size} tokens but only "
-                f"{len(self._free)} of {self.num_blocks} are free")
-        taken = self._free[-n:] if n else []
-        del self._free[len(self._free) - n:]
-        return taken[::-1]
+        with self._lock:
+            if n > len(self._free):
+                raise CapacityExceeded(
+                    f"the KV cache needs {n} more blocks of {self.block_size} tokens but only "
+                    f"{len(self._free)} of {self.num_blocks} are free")
+            taken = self._free[-n:] if n else []
+            del self._free[len(self._free) - n:]
+            return taken[::-1]
 
     def free(self, blocks: list[int]) -> None:
-        self._free.extend(reversed(blocks))
+        with self._lock:
+            self._free.extend(reversed(blocks))
 
     def flat(self) -> torch.Tensor:
         """``[num_layers * rows_per_layer, row_width]`` view for the kernels."""
@@ -79,6 +83,22 @@ class BlockTable:
         pos = torch.arange(start, end, dtype=torch.long)
         blocks = torch.tensor(self.blocks, dtype=torch.long)
         return (blocks[pos // self.block_size] * self.block_size + pos % self.block_size).to(device)
+
+
+    def extents(self, end: int) -> list[tuple[int, int]]:
+        """Positions ``[0, end)`` as runs of consecutive pool rows: ``(first row, length)`` each."""
+        if end > self.capacity:
+            raise IndexError(f"positions up to {end} exceed the table's {self.capacity} slots")
+        runs: list[tuple[int, int]] = []
+        bs = self.block_size
+        for i in range(-(-end // bs)):
+            n = min(bs, end - i * bs)
+            row = self.blocks[i] * bs
+            if runs and runs[-1][0] + runs[-1][1] == row:
+                runs[-1] = (runs[-1][0], runs[-1][1] + n)
+            else:
+                runs.append((row, n))
+        return runs
 
 
 def ensure_capacity(pool: BlockPool, table: BlockTable, num_tokens: int) -> list[int]:

@@ -3,8 +3,11 @@
 This is the one object the HTTP layer, the fidelity harness and the bench
 talk to. Every public method takes the caller's tenant: sessions live in a
 per-tenant namespace, so a tenant can never name another tenant's session.
-Methods are serialised by one lock (the engine owns the cores anyway);
-the HTTP layer calls them from worker threads, off the event loop.
+Work on one session (appends, directive batches, generation) is serialised
+by that session's lock; different sessions never wait for each other, and
+their model work meets in the engine's batched steps. One short lock guards
+the session map, eviction and commits, never model work. The HTTP layer
+calls these methods from worker threads, off the event loop.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -19,13 +23,17 @@ from pathlib import Path
 
 import torch
 
-from leyline_sdk.errors import CapacityExceeded, InvalidDirective, SessionNotFound, VersionConflict
+from leyline_sdk.errors import (
+    CapacityExceeded, InvalidDirective, RequestTooLarge, SessionNotFound, VersionConflict,
+)
 from leyline_sdk.protocol import (
     AppendResult, DirectiveBatch, DirectiveResult, GenerateRequest, GenerateResponse, Message,
     SessionCreate, SessionInfo, TokenLogprob, TopLogprob, Usage,
 )
 
 from . import chat_template as tpl
+from .auto_mode import AutoConfig, AutoMode
+from .drift import DriftState
 from .engine import Engine, Generation
 from .executor import DirectiveExecutor, Plan
 from .kv_cache import BlockPool, BlockTable, ensure_capacity
@@ -33,6 +41,7 @@ from .model import DeepseekForCausalLM, load_model
 from .model.default import DEFAULT_MODEL_DIR
 from .sampling import LogitsProcessor
 from .session import Session
+from .tenancy import Tenancy
 from .tokenizer import ChatTokenizer
 
 DEFAULT_TENANT = "default"
@@ -45,10 +54,14 @@ class RuntimeConfig:
     device: str = "cpu"
     max_cache_tokens: int = 65536
     block_size: int = 16
-    prefill_chunk: int = 2048
+    prefill_chunk: int = 8192  # the most tokens one forward prefills (activation memory)
+    max_batched_tokens: int = 512  # tokens per step while sequences decode (prefill chunks share it)
+    max_num_seqs: int = 64  # generations decoding in one step
     sink_tokens: int = 0
     api_keys: list[str] = field(default_factory=list)
     model_name: str = "leyline-default"
+    auto: AutoConfig = field(default_factory=AutoConfig)  # mode "auto" thresholds and the drift budget
+    max_request_tokens: int | None = None  # new tokens one request may add; None: the model's context
 
 
 @dataclass
@@ -58,6 +71,8 @@ class RuntimeStats:
     rotated_tokens: int = 0
     recomputed_tokens: int = 0
     evictions: int = 0
+    drift_repairs: int = 0  # drift-budget re-prefills, all sessions
+    drift_repaired_tokens: int = 0
 
 
 class Runtime:
@@ -71,27 +86,39 @@ class Runtime:
         num_blocks = max(1, -(-config.max_cache_tokens // config.block_size))
         self.pool = BlockPool(self.model.cache_layout(), num_blocks, config.block_size,
                               dtype=self.model.dtype, device=config.device)
-        self.engine = Engine(self.model, self.pool, config.prefill_chunk)
-        self.executor = DirectiveExecutor(self.engine, self.tokenizer, sink_tokens=config.sink_tokens)
+        self.engine = Engine(self.model, self.pool, config.prefill_chunk, config.max_batched_tokens,
+                             config.max_num_seqs)
+        self._lock = threading.RLock()  # the session map, eviction, commits and counters; never model work
+        self.executor = DirectiveExecutor(self.engine, self.tokenizer, sink_tokens=config.sink_tokens,
+                                          commit_lock=self._lock)
+        self.auto = AutoMode(self.engine, config.auto)
         self.stats = RuntimeStats()
+        self.tenancy = Tenancy(num_blocks)
         self._sessions: dict[tuple[str, str], Session] = {}
         self._evicted: set[tuple[str, str]] = set()
-        self._lock = threading.RLock()
         self.max_positions = self.model.config.max_position_embeddings
+        self.max_request_tokens = min(config.max_request_tokens or self.max_positions, self.max_positions)
 
     # -- sessions ------------------------------------------------------------------
 
     def create_session(self, request: SessionCreate, tenant: str = DEFAULT_TENANT) -> SessionInfo:
+        sid = request.session_id or f"sess_{uuid.uuid4().hex[:16]}"
+        self._check_new(tenant, sid)
+        return self._create(sid, tenant, request.messages, self._encode_new(request.messages)).info()
+
+    def _create(self, sid: str, tenant: str, messages: list[Message], tokens: list[list[int]]) -> Session:
+        # Not in the map while it is prefilled: nobody else can reach it yet.
+        session = Session(sid, tenant, BlockTable(self.pool.block_size),
+                          drift=DriftState(budget=self.config.auto.drift_budget))
+        self._append(session, messages, tokens)
         with self._lock:
-            sid = request.session_id or f"sess_{uuid.uuid4().hex[:16]}"
-            if (tenant, sid) in self._sessions:
-                raise InvalidDirective(f"session {sid} already exists")
-            session = Session(sid, tenant, BlockTable(self.pool.block_size))
-            with self._using(session):
-                self._append(session, request.messages)
+            if (tenant, sid) in self._sessions:  # a concurrent create won
+                self.pool.free(session.table.blocks)
+                self._check_new(tenant, sid)
             self._sessions[(tenant, sid)] = session
             self._evicted.discard((tenant, sid))
-            return session.info()
+            session.last_used = time.monotonic()
+        return session
 
     def get_session(self, session_id: str, tenant: str = DEFAULT_TENANT,
                     include_messages: bool = False) -> SessionInfo:
@@ -103,8 +130,7 @@ class Runtime:
             return [s.info() for (t, _), s in self._sessions.items() if t == tenant]
 
     def delete_session(self, session_id: str, tenant: str = DEFAULT_TENANT) -> None:
-        with self._lock:
-            session = self._get(tenant, session_id)
+        with self._hold(tenant, session_id) as session, self._lock:  # after its work in flight
             self.pool.free(session.table.blocks)
             del self._sessions[(tenant, session_id)]
 
@@ -120,37 +146,63 @@ class Runtime:
         """Live sessions over all tenants (for metrics)."""
         return len(self._sessions)
 
+    def max_session_drift(self) -> float:
+        """The largest accumulated drift of any live session (for metrics)."""
+        return max((s.drift.drift for s in list(self._sessions.values())), default=0.0)
+
+    def session_keys(self) -> list[tuple[str, str]]:
+        """``(tenant, session_id)`` of every live session, least recently used first."""
+        with self._lock:
+            return [k for k, _ in sorted(self._sessions.items(), key=lambda kv: kv[1].last_used)]
+
+    def restore_session(self, session_id: str, messages: list[Message], version: int,
+                        tenant: str = DEFAULT_TENANT) -> SessionInfo:
+        """Rebuild a saved session (prefill) at the version it had, so clients' ``expected_version`` holds."""
+        # Not a request: --max-request-tokens does not apply. The prefill runs without the runtime lock.
+        session = self._create(session_id, tenant, messages, self.tokenizer.encode_messages(messages))
+        with self._lock:
+            session.version = version
+            return session.info()
+
+    # Read without the lock (a copy of the dict is atomic under the GIL): a metrics
+    # scrape must not wait for a long prefill.
+    def sessions_per_tenant(self) -> dict[str, int]:
+        return dict(Counter(t for t, _ in list(self._sessions)))
+
+    def blocks_per_tenant(self) -> Counter[str]:
+        return self.tenancy.usage(list(self._sessions.values()))
+
     # -- mutations -----------------------------------------------------------------
 
     def append(self, session_id: str, messages: list[Message], tenant: str = DEFAULT_TENANT,
                expected_version: int | None = None) -> AppendResult:
-        with self._lock:
-            session = self._get(tenant, session_id)
+        with self._hold(tenant, session_id) as session:
             self._check_version(session, expected_version)
-            with self._using(session):
-                cached = session.num_tokens
-                prefilled = self._append(session, messages)
+            cached = session.num_tokens
+            prefilled, _ = self._append(session, messages)
             return AppendResult(
                 session_id=session_id, version=session.version, num_tokens=session.num_tokens,
                 num_messages=len(session.messages),
                 usage=Usage(prompt_tokens=session.num_tokens, cached_tokens=cached, prefill_tokens=prefilled))
 
     def apply(self, batch: DirectiveBatch, tenant: str = DEFAULT_TENANT, rotate: bool = True) -> DirectiveResult:
-        with self._lock:
+        with self._hold(tenant, batch.session_id) as session:
             t0 = time.perf_counter()
-            session = self._get(tenant, batch.session_id)
             self._check_version(session, batch.expected_version)
-            with self._using(session):
-                plan = self.executor.plan(session, batch.directives)
-                self._check_positions(len(plan.tokens))
-                self._make_room(self._blocks_for_plan(session, plan), session)
-                self.executor.execute(session, plan, rotate=rotate)
-            outcomes = plan.outcomes
-            # rows kept untouched before the first edit are reused too
-            self._tally(session, reused=min((o.token_start for o in outcomes), default=0)
-                        + sum(o.reused_tokens for o in outcomes),
-                        rotated=sum(o.rotated_tokens for o in outcomes),
-                        recomputed=sum(o.recomputed_tokens for o in outcomes))
+            plan = self.executor.plan(session, batch.directives)
+            self._check_request_tokens(sum(len(toks) for e in plan.edits for toks in e.edit.tokens))
+            self._check_positions(len(plan.tokens))
+            with self._lock:
+                self._make_room(self._blocks_for_plan(session, plan)
+                                + self.auto.reserve_blocks(session, plan), session)
+            self.executor.execute(session, plan, rotate=rotate, finish=self.auto.finish)
+            reused, rotated, recomputed = plan.counts()  # the untouched prefix counts as reused
+            self._tally(session, reused=reused, rotated=rotated, recomputed=recomputed)
+            repaired = sum(o.auto.drift_repair_tokens for o in plan.outcomes if o.auto)
+            if repaired:
+                with self._lock:
+                    self.stats.drift_repairs += 1
+                    self.stats.drift_repaired_tokens += repaired
             return DirectiveResult(
                 session_id=session.session_id, version=session.version, num_tokens=session.num_tokens,
                 num_messages=len(session.messages), outcomes=plan.outcomes,
@@ -161,13 +213,14 @@ class Runtime:
                  processors: list[LogitsProcessor] | None = None) -> GenerateResponse:
         """``on_token(id)`` (optional) sees each sampled token as it is chosen, for streaming;
         ``processors`` (optional) constrain or bias the choice (see :mod:`.sampling`)."""
-        with self._lock:
-            session = self._get(tenant, session_id)
+        with self._hold(tenant, session_id) as session:
             self._check_version(session, request.expected_version)
-            with self._using(session):
-                cached = session.num_tokens
-                prefilled = self._append(session, request.messages)
-                message, gen = self._generate(session, request, on_token, processors)
+            new_tokens = self._encode_new(request.messages)
+            self._check_generation_fits(session.num_tokens + sum(map(len, new_tokens)), request.max_tokens)
+            cached = session.num_tokens
+            header = [self.tokenizer.role_ids["assistant"]]
+            prefilled, first_logits = self._append(session, request.messages, new_tokens, then=header)
+            message, gen = self._generate(session, request, on_token, processors, first_logits)
             prompt_len = cached + prefilled + 1  # + the assistant header
             usage = Usage(prompt_tokens=prompt_len, cached_tokens=cached, prefill_tokens=prefilled + 1,
                           completion_tokens=len(gen.tokens),
@@ -198,35 +251,78 @@ class Runtime:
         if num_tokens > self.max_positions:
             raise CapacityExceeded(f"{num_tokens} tokens exceed the model's context of {self.max_positions}")
 
+    def _check_new(self, tenant: str, session_id: str) -> None:
+        if (tenant, session_id) in self._sessions:
+            raise InvalidDirective(f"session {session_id} already exists")
+
+    def _encode_new(self, messages: list[Message]) -> list[list[int]]:
+        new_tokens = self.tokenizer.encode_messages(messages)
+        self._check_request_tokens(sum(map(len, new_tokens)))
+        return new_tokens
+
+    def _check_request_tokens(self, num_tokens: int) -> None:
+        if num_tokens > self.max_request_tokens:
+            raise RequestTooLarge(f"this request adds {num_tokens} tokens; this server takes at most "
+                                  f"{self.max_request_tokens} per request (--max-request-tokens)")
+
+    def _too_big(self, blocks: int) -> None:
+        bs = self.pool.block_size
+        raise CapacityExceeded(f"this request needs {blocks * bs} cache tokens for its session in all (its "
+                               f"history, the new tokens and room for the reply); the cache holds "
+                               f"{self.pool.num_blocks * bs}")
+
+    def _check_generation_fits(self, prompt_tokens: int, max_tokens: int) -> None:
+        """Before anything changes: the prompt plus its reply budget fit the context and the cache."""
+        self._check_positions(prompt_tokens + 1)  # + the assistant header
+        need = self.pool.blocks_for(min(prompt_tokens + 1 + max_tokens + 1, self.max_positions))
+        if need > self.pool.num_blocks:
+            self._too_big(need)
+
+    def check_generation(self, prompt_tokens: int, max_tokens: int, new_tokens: int = 0) -> None:
+        """Raise what :meth:`generate` would raise for a prompt of ``prompt_tokens`` (``new_tokens`` of them
+        new) before changing anything (the chat service calls it before it edits or rebuilds a session)."""
+        self._check_request_tokens(new_tokens)
+        self._check_generation_fits(prompt_tokens, max_tokens)
+
+    def edited_length(self, session_id: str, tenant: str, directives: list) -> int:
+        """Tokens the session would hold after ``directives`` (validates them; changes nothing)."""
+        with self._lock:
+            session = self._get(tenant, session_id)
+            return len(self.executor.plan(session, directives).tokens) if directives else session.num_tokens
+
     @contextmanager
-    def _using(self, session: Session) -> Iterator[None]:
-        session.busy += 1
+    def _hold(self, tenant: str, session_id: str) -> Iterator[Session]:
+        """The session, for work serialised with its other work; busy (never evicted) meanwhile."""
+        with self._lock:
+            session = self._get(tenant, session_id)
+            session.busy += 1
         try:
-            yield
+            with session.lock:
+                if self._sessions.get((tenant, session_id)) is not session:  # deleted while we waited
+                    raise SessionNotFound(f"session {session_id} not found")
+                yield session
         finally:
-            session.busy -= 1
-            session.last_used = time.monotonic()
+            with self._lock:
+                session.busy -= 1
+                session.last_used = time.monotonic()
 
     def _make_room(self, blocks: int, session: Session) -> None:
-        """Evict idle sessions, least recently used first, until ``blocks`` are free."""
+        """Evict idle sessions, least recently used first, until ``blocks`` are free (call under ``_lock``)."""
         if blocks <= self.pool.num_free:
             return
         if blocks > self.pool.num_blocks - len(session.table.blocks):
-            raise CapacityExceeded(
-                f"this request needs {blocks * self.pool.block_size} cache tokens; the cache holds "
-                f"{self.pool.num_blocks * self.pool.block_size} in all")
-        idle = sorted((s for s in self._sessions.values() if s.busy == 0 and s is not session),
-                      key=lambda s: s.last_used)
-        for victim in idle:
+            self._too_big(len(session.table.blocks) + blocks)
+        for victim in self.tenancy.victims(self._sessions.values(), session):
             if blocks <= self.pool.num_free:
                 break
             self.pool.free(victim.table.blocks)
             del self._sessions[(victim.tenant, victim.session_id)]
             self._evicted.add((victim.tenant, victim.session_id))
             self.stats.evictions += 1
+            self.tenancy.stats_of(victim.tenant).evictions += 1
         if blocks > self.pool.num_free:
-            raise CapacityExceeded(f"the cache is full with sessions in use ({self.pool.num_free} blocks free, "
-                                   f"{blocks} needed)")
+            raise CapacityExceeded(f"the cache is full with sessions in use or within other tenants' shares "
+                                   f"({self.pool.num_free} blocks free, {blocks} needed)")
 
     def _blocks_for_plan(self, session: Session, plan: Plan) -> int:
         keep = min(plan.first_change // self.pool.block_size, len(session.table.blocks))
@@ -234,37 +330,48 @@ class Runtime:
 
     def _grow(self, session: Session, num_tokens: int) -> None:
         self._check_positions(num_tokens)
-        self._make_room(self.pool.blocks_for(num_tokens) - len(session.table.blocks), session)
-        ensure_capacity(self.pool, session.table, num_tokens)
+        with self._lock:
+            self._make_room(self.pool.blocks_for(num_tokens) - len(session.table.blocks), session)
+            ensure_capacity(self.pool, session.table, num_tokens)
 
-    def _append(self, session: Session, messages: list[Message]) -> int:
-        """Prefill only the new messages; returns the number of tokens prefilled."""
+    def _append(self, session: Session, messages: list[Message], new_tokens: list[list[int]] | None = None,
+                then: list[int] | None = None) -> tuple[int, torch.Tensor | None]:
+        """Prefill only the new messages (``new_tokens``: already encoded); -> (tokens prefilled,
+        logits after ``then``).
+
+        ``then`` (the next message's header) is prefilled in the same engine
+        step, past the committed tokens, and its logits returned.
+        """
         if not messages:
-            return 0
-        new_tokens = self.tokenizer.encode_messages(messages)
+            return 0, None
+        if new_tokens is None:
+            new_tokens = self._encode_new(messages)
         flat = [t for toks in new_tokens for t in toks]
         start = session.num_tokens
         blocks_before = len(session.table.blocks)
-        self._grow(session, start + len(flat))
+        self._grow(session, start + len(flat) + len(then or []))
         try:
-            self.engine.prefill(session.table, flat, start, logits="none")
+            logits = self.engine.prefill(session.table, flat + list(then or []), start,
+                                         logits="last" if then else "none")
         except BaseException:
             self._shrink(session, blocks_before)
             raise
-        session.messages.extend(messages)
-        session.message_tokens.extend(new_tokens)
-        session.version += 1
-        self._tally(session, prefilled=len(flat), reused=start)
-        return len(flat)
+        with self._lock:
+            session.messages.extend(messages)
+            session.message_tokens.extend(new_tokens)
+            session.version += 1
+            self._tally(session, prefilled=len(flat), reused=start)
+        return len(flat), logits
 
     def _tally(self, session: Session, prefilled: int = 0, reused: int = 0, rotated: int = 0,
                recomputed: int = 0) -> None:
         """Count prompt tokens on the session and runtime-wide (metrics) alike."""
-        for c in (session.counters, self.stats):
-            c.prefilled_tokens += prefilled
-            c.reused_tokens += reused
-            c.rotated_tokens += rotated
-            c.recomputed_tokens += recomputed
+        with self._lock:
+            for c in (session.counters, self.stats, self.tenancy.stats_of(session.tenant)):
+                c.prefilled_tokens += prefilled
+                c.reused_tokens += reused
+                c.rotated_tokens += rotated
+                c.recomputed_tokens += recomputed
 
     def _shrink(self, session: Session, num_blocks: int) -> None:
         extra = session.table.blocks[num_blocks:]
@@ -273,16 +380,23 @@ class Runtime:
 
     def _generate(self, session: Session, request: GenerateRequest,
                   on_token: Callable[[int], None] | None = None,
-                  processors: list[LogitsProcessor] | None = None) -> tuple[Message, Generation]:
-        """Generate one assistant message into the session (header, tokens, end marker)."""
+                  processors: list[LogitsProcessor] | None = None,
+                  first_logits: torch.Tensor | None = None) -> tuple[Message, Generation]:
+        """Generate one assistant message into the session (header, tokens, end marker).
+
+        ``first_logits``: the header's row is already written and these are its logits.
+        """
         start = session.num_tokens
         header = self.tokenizer.role_ids["assistant"]
         blocks_before = len(session.table.blocks)
         budget = min(start + 1 + request.max_tokens + 1, self.max_positions)
         self._grow(session, start + 1)
-        self._make_room(self.pool.blocks_for(budget) - len(session.table.blocks), session)
         try:
-            logits = self.engine.prefill(session.table, [header], start)
+            # Reserved up front: other sessions allocate while this one decodes.
+            with self._lock:
+                self._make_room(self.pool.blocks_for(budget) - len(session.table.blocks), session)
+                ensure_capacity(self.pool, session.table, budget)
+            logits = first_logits if first_logits is not None else self.engine.prefill(session.table, [header], start)
             gen = self.engine.decode(session.table, start + 1, logits, request, {self.tokenizer.end_id},
                                      self.max_positions - 1, decode_text=self.tokenizer.decode,
                                      on_token=on_token, processors=processors)
@@ -297,9 +411,10 @@ class Runtime:
             self._shrink(session, blocks_before)
             raise
         self._shrink(session, self.pool.blocks_for(start + len(tokens)))
-        session.messages.append(message)
-        session.message_tokens.append(tokens)
-        session.version += 1
+        with self._lock:
+            session.messages.append(message)
+            session.message_tokens.append(tokens)
+            session.version += 1
         self._tally(session, prefilled=1, reused=start)  # the assistant header
         return message, gen
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass, field
 from itertools import accumulate
 
 from leyline_sdk.protocol import Message, Segment, SessionCounters, SessionInfo
 
+from .drift import DriftState
 from .kv_cache import BlockTable
 
 
@@ -23,7 +25,9 @@ class Session:
     version: int = 0
     counters: SessionCounters = field(default_factory=SessionCounters)
     last_used: float = field(default_factory=time.monotonic)
-    busy: int = 0  # requests in flight; a busy session is never evicted
+    busy: int = 0  # requests holding or waiting for it; a busy session is never evicted
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+    drift: DriftState = field(default_factory=DriftState)  # what its auto edits left (see drift.py)
 
     @property
     def num_tokens(self) -> int:
@@ -46,5 +50,5 @@ class Session:
         return SessionInfo(
             session_id=self.session_id, version=self.version, num_tokens=self.num_tokens,
             num_messages=len(self.messages), segments=self.segments(),
-            counters=self.counters.model_copy(),
+            counters=self.counters.model_copy(), drift=self.drift.info(),
             messages=[m.model_copy() for m in self.messages] if include_messages else None)

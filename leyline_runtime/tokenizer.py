@@ -1,4 +1,12 @@
-"""Byte-level BPE tokenizer (``tokenizers``) plus the chat template's special ids."""
+"""Byte-level BPE tokenizer (``tokenizers``) plus the chat template's special ids.
+
+Content is data, never control: text from a request (message content, tool
+names and arguments, token-unit replacements) is encoded with the special
+tokens switched off, so ``<|end|>`` or ``<|system|>`` inside a tool output
+become plain bytes and can never open a turn. Special ids come only from the
+template's structure (role header, tool-call brackets, end marker) and from
+the fixed tool-syntax line of the tools prompt (:func:`_template_pieces`).
+"""
 
 from __future__ import annotations
 
@@ -7,6 +15,7 @@ from pathlib import Path
 from tokenizers import Tokenizer
 
 from leyline_sdk.protocol import Message
+from leyline_sdk.tools_prompt import TOOLS_PREAMBLE
 
 from . import chat_template as tpl
 
@@ -17,11 +26,20 @@ class ChatTokenizer:
         missing = [t for t in tpl.SPECIAL_TOKENS if tokenizer.token_to_id(t) is None]
         if missing:
             raise ValueError(f"tokenizer lacks the chat template's special tokens: {missing}")
+        # A copy that reads special-token strings as text (the shared one still
+        # decodes generated special ids to their strings).
+        self.plain = Tokenizer.from_str(tokenizer.to_str())
+        self.plain.encode_special_tokens = True
         self.end_id = self.token_id(tpl.END)
         self.role_ids = {role: self.token_id(tok) for role, tok in tpl.ROLE_TOKENS.items()}
         self.tool_call_id = self.token_id(tpl.TOOL_CALL)
         self.end_tool_call_id = self.token_id(tpl.END_TOOL_CALL)
         self.special_ids = {self.token_id(t) for t in tpl.SPECIAL_TOKENS}
+        # Ids a client may never send as content: the template's and any other special token of the tokenizer.
+        self.control_ids = self.special_ids | {i for i, t in tokenizer.get_added_tokens_decoder().items()
+                                               if t.special}
+        self.longest_token_bytes = max(len(self.token_text(i).encode("utf-8", errors="replace"))
+                                       for i in range(self.vocab_size) if i not in self.special_ids)
 
     @classmethod
     def from_file(cls, path: str | Path) -> "ChatTokenizer":
@@ -38,7 +56,8 @@ class ChatTokenizer:
         return tid
 
     def encode(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=False).ids
+        """Text as data: special-token strings in it are encoded as their plain bytes."""
+        return self.plain.encode(text, add_special_tokens=False).ids
 
     def decode(self, ids: list[int], skip_special: bool = False) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special)
@@ -46,12 +65,30 @@ class ChatTokenizer:
     def token_text(self, token_id: int) -> str:
         return self.decode([token_id])
 
-    def token_bytes(self, token_id: int) -> list[int]:
-        return list(self.token_text(token_id).encode("utf-8", errors="replace"))
-
     def encode_message(self, message: Message) -> list[int]:
         """Header + body + end marker; never merges with a neighbour."""
-        return [self.role_ids[message.role], *self.encode(tpl.render_body(message)), self.end_id]
+        body: list[int] = []
+        for piece, special in _template_pieces(message):
+            body.extend([self.token_id(piece)] if special else self.encode(piece))
+        return [self.role_ids[message.role], *body, self.end_id]
 
     def encode_messages(self, messages: list[Message]) -> list[list[int]]:
         return [self.encode_message(m) for m in messages]
+
+
+def _template_pieces(message: Message) -> list[tuple[str, bool]]:
+    """The body as ``(text, is_special)`` pieces; concatenated they are :func:`tpl.render_body`."""
+    pieces: list[tuple[str, bool]] = []
+    content = tpl.render_body(message.model_copy(update={"tool_calls": None}))
+    if message.role == "system" and content.startswith(TOOLS_PREAMBLE):
+        # The tools prompt's syntax line shows the model the real brackets.
+        head, rest = content[:len(TOOLS_PREAMBLE)], content[len(TOOLS_PREAMBLE):]
+        at = head.index(tpl.TOOL_CALL)
+        end = head.index(tpl.END_TOOL_CALL)
+        pieces += [(head[:at], False), (tpl.TOOL_CALL, True), (head[at + len(tpl.TOOL_CALL):end], False),
+                   (tpl.END_TOOL_CALL, True), (rest, False)]
+    else:
+        pieces.append((content, False))
+    for call in message.tool_calls or []:
+        pieces += [(tpl.TOOL_CALL, True), (tpl.tool_call_payload(call), False), (tpl.END_TOOL_CALL, True)]
+    return [(text, special) for text, special in pieces if text or special]

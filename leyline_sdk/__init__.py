@@ -12,7 +12,7 @@ Light by design: needs only pydantic and httpx (never torch).
         reply = client.generate(info.session_id, tail)
 """
 
-from ._version import __version__
+from .version import __version__
 from .client import AsyncLeylineClient, LeylineClient
 from .diff import apply_directives, diff_messages, split_append
 from .errors import (
@@ -21,10 +21,13 @@ from .errors import (
     APIStatusError,
     APITimeoutError,
     CapacityExceeded,
+    InvalidBody,
     InvalidDirective,
     InvalidSpan,
     LeylineError,
     OverlappingSpans,
+    RequestTimeout,
+    RequestTooLarge,
     SessionNotFound,
     Unauthorized,
     ValidationFailed,
@@ -37,16 +40,21 @@ from .policy import (
     EditReason,
     ModePolicy,
     default_policy,
+    auto_policy,
     explain_edit,
     force_mode,
 )
 from .protocol import (
     AppendRequest,
     AppendResult,
+    AppliedMode,
+    AutoChoice,
+    AutoDecision,
     Directive,
     DirectiveBatch,
     DirectiveOutcome,
     DirectiveResult,
+    DriftInfo,
     ErrorBody,
     ErrorDetail,
     FunctionCall,
@@ -77,13 +85,17 @@ __all__ = [
     "APITimeoutError",
     "AppendRequest",
     "AppendResult",
+    "AppliedMode",
     "AsyncLeylineClient",
+    "AutoChoice",
+    "AutoDecision",
     "CallStats",
     "CapacityExceeded",
     "Directive",
     "DirectiveBatch",
     "DirectiveOutcome",
     "DirectiveResult",
+    "DriftInfo",
     "EditContext",
     "EditReason",
     "EditRecord",
@@ -92,6 +104,7 @@ __all__ = [
     "FunctionCall",
     "GenerateRequest",
     "GenerateResponse",
+    "InvalidBody",
     "InvalidDirective",
     "InvalidSpan",
     "LeylineClient",
@@ -101,6 +114,8 @@ __all__ = [
     "Mode",
     "ModePolicy",
     "OverlappingSpans",
+    "RequestTimeout",
+    "RequestTooLarge",
     "Role",
     "SamplingParams",
     "Segment",
@@ -121,6 +136,7 @@ __all__ = [
     "VersionConflict",
     "__version__",
     "apply_directives",
+    "auto_policy",
     "default_policy",
     "diff_messages",
     "error_for",

@@ -16,7 +16,7 @@ from urllib.parse import quote
 import httpx
 import pydantic
 
-from ._version import __version__
+from .version import __version__
 from .errors import (
     APIConnectionError,
     APIStatusError,
@@ -79,10 +79,17 @@ class ClientConfig:
         headers: Mapping[str, str] | None,
         client_timeout: httpx.Timeout | None = None,
     ) -> ClientConfig:
-        """Arguments first, then ``LEYLINE_BASE_URL`` / ``LEYLINE_API_KEY``, then defaults."""
+        """Arguments first, then ``LEYLINE_BASE_URL`` / ``LEYLINE_API_KEY``, then defaults.
+
+        The base URL is the server's root. An OpenAI-style base URL ending in
+        ``/v1`` is accepted too: the ``/v1`` is dropped, since Leyline's native
+        endpoints are unversioned and the client adds ``/v1`` to the
+        OpenAI-compatible ones itself.
+        """
         if max_retries < 0:
             raise ValueError("max_retries must be >= 0")
-        url = base_url or os.environ.get("LEYLINE_BASE_URL") or DEFAULT_BASE_URL
+        url = (base_url or os.environ.get("LEYLINE_BASE_URL") or DEFAULT_BASE_URL).rstrip("/")
+        url = url.removesuffix("/v1")
         key = api_key if api_key is not None else os.environ.get("LEYLINE_API_KEY") or None
         if timeout is None:
             resolved = client_timeout or DEFAULT_TIMEOUT
@@ -202,9 +209,9 @@ def chat(
         raise TypeError(
             "chat() does not stream; point an OpenAI client at base_url + '/v1' to stream"
         )
-    if mode is not None and mode not in ("amortize", "forget"):
+    if mode is not None and mode not in ("amortize", "forget", "auto"):
         raise ValidationFailed(
-            f"mode must be 'amortize' or 'forget', not {mode!r}", status_code=None
+            f"mode must be 'amortize', 'forget' or 'auto', not {mode!r}", status_code=None
         )
     body: dict[str, Any] = {"messages": [_chat_message(m) for m in messages], **sampling}
     if model is not None:
@@ -290,25 +297,35 @@ def _unexpected_body(response: httpx.Response, why: str) -> APIStatusError:
 # --- retries ---------------------------------------------------------------------------------
 
 
-def retry_delay_or_raise(exc: httpx.TransportError, attempt: int, max_retries: int) -> float:
+def retry_delay_or_raise(exc: httpx.TransportError, attempt: int, config: ClientConfig) -> float:
     """Seconds to wait before the next try, or raise the mapped error.
 
     Only errors raised before the request reached the server are retried;
     an HTTP status, or a failure after sending, is never retried.
     """
-    if attempt >= max_retries or not isinstance(exc, _NOT_SENT_ERRORS):
-        raise transport_error(exc) from exc
+    if attempt >= config.max_retries or not isinstance(exc, _NOT_SENT_ERRORS):
+        raise transport_error(exc, config.base_url) from exc
     base = min(INITIAL_RETRY_DELAY * 2.0**attempt, MAX_RETRY_DELAY)
     return base * (
         0.75 + 0.25 * random.random()
     )  # jitter: clients that failed together retry apart
 
 
-def transport_error(exc: httpx.TransportError) -> APIConnectionError:
+def transport_error(exc: httpx.TransportError, base_url: str) -> APIConnectionError:
+    """The error for a request that got no HTTP response; it names the URL and where it came from."""
     message = str(exc) or type(exc).__name__
+    try:
+        target = f"{exc.request.method} {exc.request.url}"
+    except RuntimeError:  # an exception raised without its request
+        target = base_url
     if isinstance(exc, httpx.TimeoutException):
-        return APITimeoutError(f"request timed out: {message}", status_code=None)
-    return APIConnectionError(f"connection failed: {message}", status_code=None)
+        return APITimeoutError(f"request timed out: {target}: {message}", status_code=None)
+    return APIConnectionError(
+        f"cannot reach the Leyline runtime at {base_url} ({target}: {message}). Is it running "
+        f"(`leyline-runtime serve`)? The URL comes from base_url=, else the LEYLINE_BASE_URL "
+        f"environment variable, else {DEFAULT_BASE_URL}.",
+        status_code=None,
+    )
 
 
 # --- helpers ---------------------------------------------------------------------------------

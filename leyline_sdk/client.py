@@ -156,7 +156,7 @@ class LeylineClient(_ClientSettings):
             try:
                 response = self._http.send(request)
             except httpx.TransportError as exc:
-                time.sleep(_base.retry_delay_or_raise(exc, attempt, self.max_retries))
+                time.sleep(_base.retry_delay_or_raise(exc, attempt, self._config))
                 attempt += 1
                 continue
             return call.parse(response)
@@ -276,7 +276,7 @@ class AsyncLeylineClient(_ClientSettings):
             try:
                 response = await self._http.send(request)
             except httpx.TransportError as exc:
-                await asyncio.sleep(_base.retry_delay_or_raise(exc, attempt, self.max_retries))
+                await asyncio.sleep(_base.retry_delay_or_raise(exc, attempt, self._config))
                 attempt += 1
                 continue
             return call.parse(response)

@@ -17,10 +17,13 @@ __all__ = [
     "APIStatusError",
     "APITimeoutError",
     "CapacityExceeded",
+    "InvalidBody",
     "InvalidDirective",
     "InvalidSpan",
     "LeylineError",
     "OverlappingSpans",
+    "RequestTimeout",
+    "RequestTooLarge",
     "SessionNotFound",
     "Unauthorized",
     "ValidationFailed",
@@ -40,7 +43,12 @@ _CLASS_DEFAULT: Final = _ClassDefault()
 
 
 class LeylineError(Exception):
-    """Base class. ``status_code`` is ``None`` for errors raised on the client side."""
+    """Base class of every SDK error.
+
+    Two families, as in openai-python: :class:`APIStatusError` (the runtime
+    answered with an error status) and :class:`APIConnectionError` (no HTTP
+    response). ``status_code`` is ``None`` for errors raised on the client side.
+    """
 
     code: str = "leyline_error"
     status_code: int | None = None
@@ -69,27 +77,39 @@ class LeylineError(Exception):
         )
 
 
-class Unauthorized(LeylineError):
+class APIStatusError(LeylineError):
+    """Base of every error that came (or would come) with an HTTP status, as openai-python's.
+
+    ``except APIStatusError`` catches every error the runtime answers with; an unknown
+    code (or a malformed response) is raised as this class itself. A request
+    rejected by the client's own validation before it is sent is a
+    :class:`ValidationFailed` with ``status_code`` ``None``.
+    """
+
+    code = "api_error"
+
+
+class Unauthorized(APIStatusError):
     code = "unauthorized"
     status_code = 401
 
 
-class SessionNotFound(LeylineError):
+class SessionNotFound(APIStatusError):
     code = "session_not_found"
     status_code = 404
 
 
-class VersionConflict(LeylineError):
+class VersionConflict(APIStatusError):
     code = "version_conflict"
     status_code = 409
 
 
-class CapacityExceeded(LeylineError):
+class CapacityExceeded(APIStatusError):
     code = "capacity_exceeded"
     status_code = 413
 
 
-class InvalidDirective(LeylineError):
+class InvalidDirective(APIStatusError):
     code = "invalid_directive"
     status_code = 422
 
@@ -102,15 +122,30 @@ class OverlappingSpans(InvalidDirective):
     code = "overlapping_spans"
 
 
-class ValidationFailed(LeylineError):
+class ValidationFailed(APIStatusError):
     code = "validation_error"
     status_code = 422
 
 
-class APIStatusError(LeylineError):
-    """An HTTP error whose code this SDK does not know (or a malformed response)."""
+class RequestTooLarge(APIStatusError):
+    """A request over one of the server's limits (body, message size, message count, tokens)."""
 
-    code = "api_error"
+    code = "request_too_large"
+    status_code = 413
+
+
+class InvalidBody(APIStatusError):
+    """The body is not parseable JSON (invalid UTF-8, bad syntax, nested too deep)."""
+
+    code = "invalid_body"
+    status_code = 400
+
+
+class RequestTimeout(APIStatusError):
+    """The client did not send its request body within the server's body timeout."""
+
+    code = "request_timeout"
+    status_code = 408
 
 
 class APIConnectionError(LeylineError):
@@ -134,6 +169,9 @@ ERROR_CLASSES: Final[dict[str, type[LeylineError]]] = {
         InvalidSpan,
         OverlappingSpans,
         ValidationFailed,
+        RequestTooLarge,
+        InvalidBody,
+        RequestTimeout,
         APIConnectionError,
         APITimeoutError,
     )

@@ -46,6 +46,7 @@ from .errors import InvalidDirective, LeylineError, SessionNotFound, VersionConf
 from .policy import EditContext, ModePolicy, default_policy, explain_edit
 from .protocol import (
     AppendResult,
+    AppliedMode,
     Directive,
     DirectiveOutcome,
     DirectiveResult,
@@ -83,7 +84,7 @@ class EditRecord:
     end: int
     replacement: int  # number of messages in its place
     requested_mode: Mode
-    applied_mode: Mode
+    applied_mode: AppliedMode
     fallback_reason: str | None
     token_start: int
     token_end: int

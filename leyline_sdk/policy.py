@@ -6,7 +6,9 @@ influence) or ``"forget"`` (re-prefill from the edit on; the old span leaves
 no trace). :func:`default_policy` amortizes housekeeping (cleared or truncated
 tool outputs, dropped tool attempts, insertions) and forgets content the
 conversation should no longer be conditioned on (retracted answers, user
-corrections, changed instructions).
+corrections, changed instructions). :func:`auto_policy` keeps those forget
+rules and answers ``"auto"`` for the rest: the runtime then measures the
+edit's drift and picks amortize, amortize + tail repair, or forget itself.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ __all__ = [
     "EditContext",
     "EditReason",
     "ModePolicy",
+    "auto_policy",
     "default_policy",
     "explain_edit",
     "force_mode",
@@ -108,10 +111,16 @@ def default_policy(edit: EditContext) -> Mode:
     return explain_edit(edit)[0]
 
 
+def auto_policy(edit: EditContext) -> Mode:
+    """Forget what the default policy forgets; let the runtime decide (``"auto"``) the rest."""
+    mode = explain_edit(edit)[0]
+    return "forget" if mode == "forget" else "auto"
+
+
 def force_mode(mode: Mode) -> ModePolicy:
     """A policy that always answers ``mode``."""
-    if mode not in ("amortize", "forget"):
-        raise ValueError(f"mode must be 'amortize' or 'forget', not {mode!r}")
+    if mode not in ("amortize", "forget", "auto"):
+        raise ValueError(f"mode must be 'amortize', 'forget' or 'auto', not {mode!r}")
 
     def policy(edit: EditContext) -> Mode:
         return mode

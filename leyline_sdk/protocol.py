@@ -8,25 +8,51 @@ batch applies atomically.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 Role = Literal["system", "user", "assistant", "tool"]
-Mode = Literal["amortize", "forget"]
+# "auto": the runtime chooses amortize, amortize + tail repair, or forget from a measured
+# drift signal (see DirectiveOutcome.auto).
+Mode = Literal["amortize", "forget", "auto"]
+AppliedMode = Literal["amortize", "forget"]
+AutoChoice = Literal["amortize", "repair", "forget"]
 SpanUnit = Literal["message", "token"]
 
 MAX_ID_LENGTH = 128
+# Session ids travel in URL paths: one path segment of unreserved characters,
+# starting with a letter or digit (so never "." or ".."). 1-128 characters.
+SESSION_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$"
+# torch.Generator.manual_seed takes [-2**63, 2**64); outside that a seed cannot be honoured.
+MIN_SEED, MAX_SEED = -(2**63), 2**64 - 1
+
+
+def _encodable(text: str) -> str:
+    """Text must be valid Unicode: a lone UTF-16 surrogate (JSON ``"\\ud800"``) cannot be encoded."""
+    if text.isascii():  # O(1) in CPython: nothing to check in a large ASCII text
+        return text
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"text is not valid Unicode (lone surrogate at character {exc.start})") from None
+    return text
+
+
+Text = Annotated[str, AfterValidator(_encodable)]
+SessionId = Annotated[str, Field(pattern=SESSION_ID_PATTERN, min_length=1, max_length=MAX_ID_LENGTH,
+                                 description="1-128 characters of A-Z a-z 0-9 . _ : @ -, "
+                                             "starting with a letter or digit")]
 
 
 class FunctionCall(BaseModel):
-    name: str = Field(min_length=1, max_length=256)
+    name: Text = Field(min_length=1, max_length=256)
     # JSON text, as the OpenAI wire format carries it.
-    arguments: str = "{}"
+    arguments: Text = "{}"
 
 
 class ToolCall(BaseModel):
-    id: str = Field(min_length=1, max_length=MAX_ID_LENGTH)
+    id: Text = Field(min_length=1, max_length=MAX_ID_LENGTH)
     type: Literal["function"] = "function"
     function: FunctionCall
 
@@ -37,11 +63,11 @@ class Message(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     role: Role
-    content: str = ""
-    id: str | None = Field(default=None, max_length=MAX_ID_LENGTH)
-    name: str | None = Field(default=None, max_length=256)
+    content: Text = ""
+    id: Text | None = Field(default=None, max_length=MAX_ID_LENGTH)
+    name: Text | None = Field(default=None, max_length=256)
     tool_calls: list[ToolCall] | None = None
-    tool_call_id: str | None = Field(default=None, max_length=MAX_ID_LENGTH)
+    tool_call_id: Text | None = Field(default=None, max_length=MAX_ID_LENGTH)
 
     @field_validator("content", mode="before")
     @classmethod
@@ -114,7 +140,7 @@ class Directive(BaseModel):
     """
 
     span: Span
-    replacement: list[Message] | str | list[int] = Field(default_factory=list)
+    replacement: list[Message] | Text | list[int] = Field(default_factory=list)
     mode: Mode = "amortize"
 
     @model_validator(mode="after")
@@ -134,14 +160,39 @@ class Directive(BaseModel):
 
 
 class DirectiveBatch(BaseModel):
-    session_id: str = Field(min_length=1, max_length=MAX_ID_LENGTH)
+    session_id: SessionId
     directives: list[Directive] = Field(min_length=1, max_length=1024)
     expected_version: int | None = Field(default=None, ge=0)
 
 
+class AutoDecision(BaseModel):
+    """What ``mode: "auto"`` chose for one directive, and the signal it chose by.
+
+    ``choice``: ``amortize`` (splice only), ``repair`` (splice, then recompute the last
+    ``repaired_tokens`` rows, which the next turn attends to most) or ``forget``.
+    ``reason``: ``short_tail`` (few tokens follow the edit: forget costs about as much as a
+    repair), ``signal`` (the drift signal crossed a threshold), ``below_threshold``,
+    ``after_forget`` (an earlier directive of the batch already recomputes this one) or
+    ``no_rotation_kernel`` / ``attention_sink`` (amortize is not possible here).
+    """
+
+    choice: AutoChoice
+    reason: str
+    # Mean relative change of the layer-1 cache rows just after the edit when layer 0 is
+    # recomputed over the edited history (0: amortize is exact there); None when not measured.
+    layer1_change: float | None = None
+    signal_tokens: int = 0  # positions the signal was measured on (one layer each)
+    repaired_tokens: int = 0  # tail rows recomputed after the splice
+    # The session's accumulated drift after this directive (the sum of its amortized auto
+    # edits' layer1_change x (num_layers - 1)) and, when that passed the drift budget, the
+    # rows re-prefilled from the earliest drifted position (then drift is 0).
+    session_drift: float = 0.0
+    drift_repair_tokens: int = 0
+
+
 class DirectiveOutcome(BaseModel):
     requested_mode: Mode
-    applied_mode: Mode
+    applied_mode: AppliedMode
     fallback_reason: str | None = None
     # Token span in the session as it was before the batch, after token-level
     # minimisation, and the position shift it causes for what follows.
@@ -150,7 +201,8 @@ class DirectiveOutcome(BaseModel):
     delta: int
     reused_tokens: int = 0
     rotated_tokens: int = 0
-    recomputed_tokens: int = 0
+    recomputed_tokens: int = 0  # replacement, forget and repair rows in this directive's region
+    auto: AutoDecision | None = None  # requested_mode "auto" only
 
 
 class DirectiveResult(BaseModel):
@@ -180,8 +232,18 @@ class SessionCounters(BaseModel):
     recomputed_tokens: int = 0
 
 
+class DriftInfo(BaseModel):
+    """Accumulated amortize drift of a session's ``auto`` edits against its drift budget."""
+
+    drift: float = 0.0  # sum of the per-edit signals since the last exact recompute
+    budget: float | None = None  # None: no budget (never repaired for drift)
+    earliest_position: int | None = None  # first token whose rows may carry drift
+    repairs: int = 0  # budget repairs so far
+    repaired_tokens: int = 0  # rows they re-prefilled
+
+
 class SessionCreate(BaseModel):
-    session_id: str | None = Field(default=None, min_length=1, max_length=MAX_ID_LENGTH)
+    session_id: SessionId | None = None
     messages: list[Message] = Field(default_factory=list)
 
 
@@ -192,6 +254,7 @@ class SessionInfo(BaseModel):
     num_messages: int
     segments: list[Segment]
     counters: SessionCounters
+    drift: DriftInfo = Field(default_factory=DriftInfo)
     messages: list[Message] | None = None
 
 
@@ -238,8 +301,8 @@ class SamplingParams(BaseModel):
     temperature: float = Field(default=0.0, ge=0.0, le=2.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     top_k: int = Field(default=0, ge=0)
-    seed: int | None = None
-    stop: list[str] | str | None = None
+    seed: int | None = Field(default=None, ge=MIN_SEED, le=MAX_SEED)
+    stop: list[Text] | Text | None = None
     logprobs: bool = False
     top_logprobs: int = Field(default=0, ge=0, le=20)
 

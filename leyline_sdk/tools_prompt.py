@@ -16,11 +16,14 @@ from .protocol import Message
 TOOL_CALL = "<|tool_call|>"
 END_TOOL_CALL = "<|end_tool_call|>"
 TOOLS_MESSAGE_ID = "leyline:tools"
+# The tools prompt's first two lines; the runtime encodes the brackets in them as
+# the real special tokens (everything else in any message is encoded as text).
+TOOLS_PREAMBLE = "# Tools\nCall a tool with " + TOOL_CALL + '{"name": ..., "arguments": {...}}' + END_TOOL_CALL
 
 
 def render_tools(tools: Sequence[Mapping[str, Any]]) -> str:
     """System-prompt section that lists OpenAI-style function tools."""
-    lines = ["# Tools", "Call a tool with " + TOOL_CALL + '{"name": ..., "arguments": {...}}' + END_TOOL_CALL]
+    lines = [TOOLS_PREAMBLE]
     for tool in tools:
         fn = tool.get("function", tool)
         spec = {"name": fn.get("name"), "description": fn.get("description", ""),

@@ -21,3 +21,6 @@ for path in [TESTS, *SOURCE_ROOTS]:
 os.environ["PYTHONPATH"] = os.pathsep.join(
     [str(p) for p in SOURCE_ROOTS] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
 )
+
+# tests/vllm needs vLLM's own environment (.venv-vllm): `make test-vllm` runs it, the main suite skips the folder.
+collect_ignore = [] if os.environ.get("LEYLINE_VLLM_TESTS") == "1" else ["vllm"]

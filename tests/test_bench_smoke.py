@@ -57,15 +57,23 @@ def test_edit(tmp_path):
     p = run_bench(tmp_path, "edit", "--contexts", "480", "9000")
     (cell,) = p["cells"]
     assert cell["context"] == 480
-    assert {"amortize", "forget", "full", "peer_full", "peer_crop", "peer"} <= cell["median_s"].keys()
+    assert {"amortize", "forget", "full", "copy", "peer_full", "peer_crop", "peer"} <= cell["median_s"].keys()
     assert {"forget", "full", "peer"} <= cell["ratio_to_amortize"].keys()
     assert cell["edit"]["applied_mode"] == "amortize"
     assert [s["context"] for s in p["skipped"]] == [9000]
 
 
+def test_prefill(tmp_path):
+    p = run_bench(tmp_path, "prefill")
+    (cell,) = p["cells"]
+    assert cell["context"] == 256 and cell["dtype"] == "float32"
+    assert cell["tokens_per_s"]["leyline"] > 0 and cell["tokens_per_s"]["peer"] > 0
+    assert cell["speedup_vs_peer"] == cell["median_s"]["peer"] / cell["median_s"]["leyline"]
+
+
 def test_kernel(tmp_path):
     p = run_bench(tmp_path, "kernel", "--rows", "1024", "--reps", "2")
-    assert {r["dtype"] for r in p["results"]} == {"fp32", "bf16"}
+    assert {r["dtype"] for r in p["results"]} == {"float32", "bfloat16"}
     for r in p["results"]:
         assert {"copy", "torch"} <= r["gb_per_s"].keys()
         assert r["torch_vs_copy"] > 0
@@ -134,3 +142,14 @@ def test_serve(tmp_path):
         assert {"POST /sessions", "POST /sessions/{id}/generate", "POST /directives"} <= level["latency_s"].keys()
         for q in level["latency_s"].values():
             assert q["p50"] <= q["p95"] <= q["p99"]
+        decode = level["decode"]
+        assert decode["requests"] == level["sessions"] and decode["completion_tokens"] >= level["sessions"]
+        assert decode["ttft_s"]["p50"] <= decode["latency_s"]["p50"]
+
+
+def test_chaos(tmp_path):
+    p = run_bench(tmp_path, "chaos")
+    assert p["server_errors"] == 0 and p["valid_failed"] == 0 and p["healthy_after"]
+    assert p["requests"] == p["valid_requests"] + p["invalid_requests"] > 0
+    assert all(status.startswith("invalid 4") or status.startswith("valid 2") for status in p["status_codes"])
+    assert p["rss_bytes"]["before"] > 0 and p["rss_bytes"]["after"] > 0

@@ -142,7 +142,7 @@ def test_prefill_fault_leaves_session_intact(rt, monkeypatch):
     def boom(*a, **k):
         raise RuntimeError("injected prefill fault")
 
-    monkeypatch.setattr(rt.engine, "prefill", boom)
+    monkeypatch.setattr(rt.engine, "prefill_runs", boom)
     with pytest.raises(RuntimeError):
         apply(rt, s, Directive(span=Span(start=1, end=2), replacement=[Message(role="user", content="x")],
                                mode="forget"))
@@ -195,6 +195,29 @@ def test_multi_edit_batch_is_one_pass(rt):
     assert len(calls) == 1
     assert [o.applied_mode for o in res.outcomes] == ["amortize"] * 3
     assert s.tokens == [t for m in s.messages for t in rt.tokenizer.encode_message(m)]
+
+
+def test_all_replacements_of_a_batch_share_one_forward(rt, monkeypatch):
+    edits = (Directive(span=Span(start=1, end=2), replacement=[Message(role="user", content="first edit")]),
+             Directive(span=Span(start=5, end=6), replacement=[Message(role="tool", content="9090")]),
+             Directive(span=Span(start=9, end=10), replacement=[Message(role="tool", content="9107 exactly")]))
+    one_pass, run_by_run = session(rt, agent_history()), session(rt, agent_history())
+    forwards = []
+    run = rt.engine.runner.run
+    monkeypatch.setattr(rt.engine.runner, "run", lambda chunks: forwards.append(len(chunks)) or run(chunks))
+    apply(rt, one_pass, *edits)
+    assert forwards == [3]  # three runs of new rows, one forward
+
+    together = rt.engine.prefill_runs
+
+    def each_run_alone(table, runs, logits="none"):
+        for run in runs:
+            together(table, [run])
+
+    monkeypatch.setattr(rt.engine, "prefill_runs", each_run_alone)
+    apply(rt, run_by_run, *edits)
+    assert one_pass.tokens == run_by_run.tokens
+    assert (rows(rt, one_pass) - rows(rt, run_by_run)).abs().max().item() <= 1e-5
 
 
 # -- property test --------------------------------------------------------------------

@@ -300,6 +300,72 @@ def test_matches_rope_recomputed_from_scratch(dtype, p0, inv_name):
         assert bool(((got - exact_from_stored).abs() <= ulp_el)[big].all())
 
 
+# ------------------------------- interleaved pair layout (vLLM's k_pe)
+
+def rope_interleaved_from_scratch(x: torch.Tensor, pos: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
+    """Rotate pre-rope vectors ``x`` [n, D] (float64) to positions ``pos`` with
+    pair j = dims (2j, 2j+1) (vLLM's DeepSeek rotary, ``is_neox_style=False``)."""
+    ang = pos.to(torch.float64)[:, None] * inv_freq.to(torch.float64)[None, :]
+    c, s = torch.cos(ang), torch.sin(ang)
+    x1, x2 = x[:, 0::2], x[:, 1::2]
+    out = torch.empty_like(x)
+    out[:, 0::2] = x1 * c - x2 * s
+    out[:, 1::2] = x2 * c + x1 * s
+    return out
+
+
+def _interleaved_case(dtype, count=700, p0=3000, seed=0):
+    """A DeepSeek-shaped pool (512 + 64) whose k_pe rows hold pre-rope vectors
+    rotated in the interleaved layout to ``p0 + i``."""
+    width, offset, rope = 576, 512, 64
+    inv = yarn_inv_freq(rope)
+    src_rows, dst_rows = paged_case(100, count, src_start=4, dst_start=1, seed=seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    x = torch.randn(count, rope, dtype=torch.float64, generator=g)
+    pos = p0 + torch.arange(count)
+    deltas = torch.tensor(EDGE_DELTAS[:-1])[torch.arange(count) % (len(EDGE_DELTAS) - 1)]
+    pool = random_pool(100 * BLOCK, width, dtype, seed=seed + 2)
+    pool[src_rows, offset:] = rope_interleaved_from_scratch(x, pos, inv).to(torch.float32).to(dtype)
+    di, cos, sin = delta_rotation_table(deltas, inv, "cpu")
+    exact = rope_interleaved_from_scratch(x, pos + deltas, inv)
+    pair = torch.sqrt(x[:, 0::2] ** 2 + x[:, 1::2] ** 2).repeat_interleave(2, dim=1)
+    return pool, (src_rows, dst_rows, di, cos, sin, offset, rope), exact, pair
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_interleaved_layout_matches_fp64_reference(backend, dtype):
+    pool, args, exact, pair = _interleaved_case(dtype)
+    src_rows, dst_rows = args[0], args[1]
+    before = pool.clone()
+    backend(pool, pool, *args, pair_layout="interleaved")
+    got = pool[dst_rows, 512:].to(torch.float64)
+    err = ((got - exact).abs() / pair).max().item()
+    # fp32: rounding only (~2e-7); bf16: the stored input and the output are
+    # bf16-rounded, each within 2^-8 of the pair's magnitude.
+    assert err < (1e-6 if dtype == torch.float32 else 2 * 2.0 ** -8), err
+    assert_bitwise(pool[dst_rows, :512], before[src_rows, :512])  # c_kv copied bit for bit
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).split(".")[-1])
+def test_interleaved_triton_bit_identical_to_torch(dtype):
+    pool, args, _, _ = _interleaved_case(dtype, seed=5)
+    ref, out = pool.clone(), pool.clone()
+    rotate_and_splice_torch(ref, ref, *args, pair_layout="interleaved")
+    rotate_and_splice_triton(out, out, *args, pair_layout="interleaved")
+    assert_bitwise(out, ref)
+
+
+@pytest.mark.parametrize("backend", BACKENDS + [pytest.param(rotate_and_splice, id="dispatch")])
+def test_wrong_pair_layout_is_caught_by_the_reference(backend):
+    """Negative control: rotating interleaved rows as half-split pairs is far off."""
+    pool, args, exact, pair = _interleaved_case(torch.float32, seed=9)
+    backend(pool, pool, *args)  # default: half-split
+    got = pool[args[1], 512:].to(torch.float64)
+    assert ((got - exact).abs() / pair).max().item() > 0.1
+
+
 # ------------------------------------------- bitwise copies, delta zero
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -453,6 +519,7 @@ BAD_ARGS = {
     "duplicate-dst": _bad(dst_rows=torch.tensor([10, 11, 10])),
     "overlap-same-pool": _bad(dst_rows=torch.tensor([10, 2, 12])),
     "not-a-tensor": _bad(src_rows=[0, 1, 2]),
+    "unknown-pair-layout": _bad(pair_layout="neox"),
 }
 
 

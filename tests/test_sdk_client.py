@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
+import socket
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -494,11 +495,34 @@ def test_http_statuses_are_not_retried(make_client: Callable[..., Blocking], sta
 
 def test_retry_delays_grow_and_stay_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_base, "INITIAL_RETRY_DELAY", 0.25)
+    config = _base.ClientConfig.resolve(None, None, None, 10, None)
     delays = [
-        _base.retry_delay_or_raise(httpx.ConnectError("x"), attempt, 10) for attempt in range(8)
+        _base.retry_delay_or_raise(httpx.ConnectError("x"), attempt, config) for attempt in range(8)
     ]
     assert all(0 < d <= _base.MAX_RETRY_DELAY for d in delays)
     assert delays[0] < delays[3]
+
+
+def test_connection_error_names_the_url_and_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    with socket.socket() as s:  # a port nobody listens on: bound, never listening
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}"
+        monkeypatch.setenv("LEYLINE_BASE_URL", url)
+        with LeylineClient(max_retries=0) as client, pytest.raises(APIConnectionError) as caught:
+            client.health()
+    message = str(caught.value)
+    assert f"{url}/healthz" in message and "LEYLINE_BASE_URL" in message
+    assert caught.value.status_code is None
+
+
+@pytest.mark.parametrize("given", ["http://h:1/v1", "http://h:1/v1/", "http://h:1/", "http://h:1"])
+def test_an_openai_style_base_url_is_accepted(given: str) -> None:
+    rec = Recorder(ok({"status": "ok"}), ok({"id": "x"}))
+    client = LeylineClient(base_url=given, transport=httpx.MockTransport(rec))
+    assert client.base_url == "http://h:1"
+    client.health()
+    client.chat([{"role": "user", "content": "hi"}])
+    assert [str(r.url) for r in rec.requests] == ["http://h:1/healthz", "http://h:1/v1/chat/completions"]
 
 
 # --- lifecycle and parity -------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 
 import pytest
@@ -54,7 +55,15 @@ def scripted(runtime, monkeypatch):
     """Make the engine "generate" a given text (rows written as the real decode does)."""
 
     def script(text: str) -> None:
-        ids = runtime.tokenizer.encode(text) + [runtime.tokenizer.end_id]
+        # The model's own markup: control strings become their special tokens here (content never does).
+        tok = runtime.tokenizer
+        ids = []
+        for piece in re.split(r"(<\|[a-z_]+\|>)", text):
+            if piece in tpl.SPECIAL_TOKENS:
+                ids.append(tok.token_id(piece))
+            elif piece:
+                ids.extend(tok.encode(piece))
+        ids.append(tok.end_id)
 
         def decode(table, num_cached, first_logits, params, stop_ids, max_positions, decode_text=None,
                    on_token=None, processors=None):

@@ -17,8 +17,10 @@ from test_server_support import history, metric
 
 from leyline_runtime import cli
 from leyline_runtime.runtime import RuntimeConfig
+from leyline_runtime.server.limits import Limits
 
 API_KEY = "cli-test-key"
+ADMIN_KEY = "cli-admin-key"  # sees the whole service's metrics; API_KEY sees its tenant's
 STARTUP_TIMEOUT_S = 120
 
 
@@ -32,7 +34,7 @@ def serve_command(port: int) -> list[str]:
     script = shutil.which("leyline-runtime", path=str(Path(sys.executable).parent))
     base = [script] if script else [sys.executable, "-m", "leyline_runtime.cli"]
     return [*base, "serve", "--host", "127.0.0.1", "--port", str(port), "--max-cache-tokens", "8192",
-            "--api-key", API_KEY, "--threads", "1", "--log-level", "warning"]
+            "--api-key", API_KEY, "--admin-key", ADMIN_KEY, "--threads", "1", "--log-level", "warning"]
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +71,7 @@ def wait_until_up(proc: subprocess.Popen, port: int, log_path: Path) -> None:
 
 
 def scrape(base_url: str) -> str:
-    r = httpx.get(f"{base_url}/metrics", headers={"Authorization": f"Bearer {API_KEY}"})
+    r = httpx.get(f"{base_url}/metrics", headers={"Authorization": f"Bearer {ADMIN_KEY}"})
     r.raise_for_status()
     return r.text
 
@@ -83,6 +85,7 @@ def test_help_is_true(capsys):
         assert flag in out
     defaults = RuntimeConfig()
     assert cli.SERVE_DEFAULTS == {k: getattr(defaults, k) for k in cli.SERVE_DEFAULTS}
+    assert cli.LIMIT_DEFAULTS == {k: getattr(Limits(), k) for k in cli.LIMIT_DEFAULTS}
     args = cli.build_parser().parse_args(["serve", "--api-key", "a", "b", "--api-key", "c"])
     assert args.api_keys == ["a", "b", "c"] and args.port == 8000 and args.model is None
 

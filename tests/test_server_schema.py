@@ -17,6 +17,8 @@ from test_server_support import default_model_and_tokenizer, torch_threads
 from leyline_runtime import create_app
 from leyline_runtime.model import MLAConfig, seeded_model
 from leyline_runtime.runtime import Runtime, RuntimeConfig
+from leyline_runtime.server.limits import Limits
+from leyline_sdk.protocol import Message, SessionCreate
 
 
 def tiny_runtime() -> Runtime:
@@ -33,10 +35,31 @@ OPERATIONS = [("/sessions", "POST"), ("/sessions", "GET"), ("/sessions/{session_
               ("/v1/chat/completions", "POST"), ("/v1/models", "GET"), ("/healthz", "GET"), ("/metrics", "GET")]
 
 
+# Small limits, so that generated requests also run into them (413 request_too_large).
+LIMITS = Limits(max_body_bytes=32 * 1024, max_message_bytes=2048, max_messages=8, body_timeout=5)
+VICTIM = "victim"
+# Every documented native error code (docs/operations.md).
+DOCUMENTED_CODES = {"invalid_body", "unauthorized", "session_not_found", "not_found", "method_not_allowed",
+                    "request_timeout", "version_conflict", "request_too_large", "capacity_exceeded",
+                    "validation_error", "invalid_span", "overlapping_spans", "invalid_directive", "invalid_request"}
+
+
 @pytest.fixture(scope="module")
-def api_schema():
+def runtime():
     with torch_threads(1):
-        yield schemathesis.openapi.from_asgi("/openapi.json", create_app(runtime=tiny_runtime()))
+        yield tiny_runtime()
+
+
+@pytest.fixture(scope="module")
+def api_schema(runtime):
+    yield schemathesis.openapi.from_asgi("/openapi.json", create_app(runtime=runtime, limits=LIMITS))
+
+
+def ensure_victim(runtime: Runtime) -> None:
+    """A live session for the generated requests to hit (DELETE cases drop it; eviction too)."""
+    if not runtime.has_session(VICTIM):
+        runtime.create_session(SessionCreate(session_id=VICTIM, messages=[
+            Message(role="system", content="short"), Message(role="user", content="hi there")]))
 
 
 def test_the_schema_lists_every_operation(api_schema):
@@ -50,20 +73,31 @@ CASES = [(path, method, mode) for path, method in OPERATIONS for mode in MODES
          if mode is GenerationMode.POSITIVE or "{" in path or method == "POST"]
 
 
-@pytest.mark.parametrize("path,method,mode", CASES, ids=lambda v: getattr(v, "value", v))
-def test_no_input_produces_a_server_error(api_schema, path, method, mode):
+# Operations on one session also run against a live one (generated ids almost never exist).
+BOUND = [(path, method, mode, bound) for path, method, mode in CASES
+         for bound in ((False, True) if "{session_id}" in path else (False,))]
+
+
+@pytest.mark.parametrize("path,method,mode,bound", BOUND, ids=lambda v: getattr(v, "value", v))
+def test_no_input_produces_a_server_error(api_schema, runtime, path, method, mode, bound):
     operation = api_schema[path][method]
 
     @given(case=operation.as_strategy(generation_mode=mode))
-    @settings(max_examples=8, derandomize=True, deadline=None, database=None,
+    @settings(max_examples=12, derandomize=True, deadline=None, database=None,
               suppress_health_check=list(HealthCheck))
     def check(case):
+        if bound:
+            ensure_victim(runtime)
+            case.path_parameters = {**(case.path_parameters or {}), "session_id": VICTIM}
         response = case.call()
         assert response.status_code < 500, (case.method, case.path, case.body, response.text[:500])
-        if response.status_code >= 400 and response.status_code != 405:
+        if response.status_code >= 400:
             body = response.json()
-            # OpenAI's error shape on /v1, the native one elsewhere
+            # OpenAI's error shape on /v1, the native one (with a documented code) elsewhere
             fields = {"message", "type", "param", "code"} if path.startswith("/v1/") else {"code", "message"}
             assert set(body) == {"error"} and set(body["error"]) == fields, body
+            if not path.startswith("/v1/"):
+                assert body["error"]["code"] in DOCUMENTED_CODES, body
+            assert body["error"]["message"], body
 
     check()

@@ -11,6 +11,7 @@ import pytest
 from leyline_runtime import chat_template as tpl
 from leyline_runtime.model.default import default_tokenizer_path
 from leyline_runtime.tokenizer import ChatTokenizer
+from leyline_sdk.protocol import FunctionCall, Message, ToolCall
 from leyline_training import names as N
 from leyline_training.corpus import (
     CLS_ASSISTANT,
@@ -185,8 +186,11 @@ def test_tokenizer_round_trips_and_has_special_tokens(tok):
     for _ in range(200):
         text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 60)))
         assert tok.decode(tok.encode(text)) == text
-    call = '<|tool_call|>{"name": "kv_get", "arguments": {"key": "a.b"}}<|end_tool_call|>'
-    assert len(tok.encode(call)) <= 24
+    call = Message(role="assistant", tool_calls=[ToolCall(id="c", function=FunctionCall(
+        name="kv_get", arguments='{"key": "a.b"}'))])
+    assert len(tok.encode_message(call)) - 2 <= 24  # without role header and end marker
+    # text is text: the same string as content has no special token in it
+    assert not set(tok.encode(tpl.render_tool_call(call.tool_calls[0]))) & tok.special_ids
 
 
 def test_training_tokenization_equals_runtime_tokenization(tok, transcripts):

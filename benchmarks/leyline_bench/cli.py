@@ -10,17 +10,18 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import edit, fidelity, grammar, kernel, replay, serve
-from .machine import set_command
-
-SUBCOMMANDS = (edit, kernel, fidelity, grammar, replay, serve)
+from leyline_runtime.extras import MissingExtra, require
 
 
 def build_parser() -> argparse.ArgumentParser:
+    # The subcommands import torch and the runtime at module level: check the extra first.
+    require("bench", "leyline-bench")
+    from . import chaos, edit, fidelity, grammar, kernel, prefill, replay, serve, vllm
+
     parser = argparse.ArgumentParser(prog="leyline-bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    for module in SUBCOMMANDS:
+    for module in (edit, kernel, fidelity, grammar, prefill, replay, serve, chaos, vllm):
         module.add_parser(sub)
     for p in sub.choices.values():
         p.add_argument("--out", default="bench-out", help="output folder (default: bench-out/)")
@@ -43,14 +44,21 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        args = parse(argv)
+    except MissingExtra as exc:
+        print(f"leyline-bench: error: {exc}", file=sys.stderr, flush=True)
+        return 1
+    from .machine import set_command
+
     set_command(["leyline-bench", *argv])
-    args = parse(argv)
     if args.threads:
         import torch
 
         torch.set_num_threads(args.threads)
     payload = args.run(args)
-    print(f"wrote {args.out}/{args.command}.json and {args.out}/{args.command}.md")
+    name = payload.get("benchmark", args.command)
+    print(f"wrote {args.out}/{name}.json and {args.out}/{name}.md")
     return 0 if not payload.get("failed") else 1
 
 

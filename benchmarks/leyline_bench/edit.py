@@ -7,7 +7,12 @@ history; then, interleaved per repetition (order rotated), the arms
 * ``full`` — a fresh session of the edited history (prefill everything);
 * ``peer_full`` — transformers ``DeepseekV3ForCausalLM`` prefilling the edited history;
 * ``peer_crop`` — the same model cropping its ``DynamicCache`` of the old history at
-  the first changed token and prefilling the rest.
+  the first changed token and prefilling the rest;
+* ``copy`` — the memory floor of amortize: a plain indexed copy (``index_select`` +
+  ``index_copy_``, in the torch kernel's row chunks) of the rows amortize moves, all layers.
+
+Contexts beyond the model's ``max_position_embeddings`` run with that limit
+raised to ``--max-positions`` on both sides (RoPE needs no table).
 
 ``peer`` is the better of the two peer arms (by median). Reported: medians and
 ratios to amortize.
@@ -20,6 +25,7 @@ import gc
 
 import torch
 
+from leyline_kernels.rotate_and_splice_torch import CHUNK_ROWS
 from leyline_sdk.diff import apply_directives
 from leyline_sdk.protocol import DirectiveBatch, SessionCreate
 
@@ -34,7 +40,7 @@ from .peer import TransformersPeer, checkpoint_folder, scratch_dir
 from .stats import median, ratio, rotated, timed
 
 TENANT = "__bench_edit__"
-LEYLINE_ARMS = ("amortize", "forget", "full")
+LEYLINE_ARMS = ("amortize", "forget", "full", "copy")
 PEER_ARMS = ("peer_full", "peer_crop")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -48,6 +54,10 @@ def add_parser(sub) -> None:
     p.add_argument("--no-peer", action="store_true", help="skip the transformers peer")
     p.add_argument("--model", default=None, help="model folder (default: the embedded default model)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--no-warm-up", action="store_true",
+                   help="skip the untimed round on the smallest context (it costs a whole cell)")
+    p.add_argument("--max-positions", type=int, default=None,
+                   help="raise max_position_embeddings to this for the timing (both sides)")
     p.set_defaults(run=run, quick_overrides={"contexts": [512], "positions": [0.5], "spans": ["message"],
                                              "reps": 1})
 
@@ -86,10 +96,40 @@ class EditCell:
             seconds, info = timed(lambda: self.runtime.create_session(SessionCreate(messages=self.edited), TENANT))
             self.runtime.delete_session(info.session_id, TENANT)
             return seconds
+        if arm == "copy":
+            return self._copy()
         if arm == "peer_full":
             return timed(lambda: self.peer.prefill(self.new_ids))[0]
         cache = self.peer.copy_cache(self.peer_cache)
         return timed(lambda: self.peer.crop_and_prefill(cache, self.new_ids, self.keep))[0]
+
+    def _moved_rows(self) -> int:
+        """Rows amortize writes by copy or rotation: the common suffix, plus the kept block's head."""
+        suffix = 0
+        while (suffix < min(len(self.old_ids), len(self.new_ids)) - self.keep
+               and self.old_ids[-1 - suffix] == self.new_ids[-1 - suffix]):
+            suffix += 1
+        return suffix + self.keep % self.runtime.pool.block_size
+
+    def _copy(self) -> float:
+        pool = self.runtime.pool
+        n = self._moved_rows()
+        blocks = pool.allocate(pool.blocks_for(n))
+        try:
+            table = self.runtime._sessions[(TENANT, self.base_id)].table
+            src = table.rows(len(self.old_ids) - n, len(self.old_ids))
+            dst = torch.tensor(blocks)[:, None] * pool.block_size + torch.arange(pool.block_size)
+            layers = torch.arange(pool.layout.num_layers)[:, None] * pool.rows_per_layer
+            src, dst = (layers + src).flatten(), (layers + dst.flatten()[:n]).flatten()
+            flat = pool.flat()
+
+            def copy() -> None:
+                for a in range(0, len(src), CHUNK_ROWS):
+                    flat.index_copy_(0, dst[a: a + CHUNK_ROWS], flat.index_select(0, src[a: a + CHUNK_ROWS]))
+
+            return timed(copy)[0]
+        finally:
+            pool.free(blocks)
 
     def _apply(self, mode: str) -> float:
         fork = fork_session(self.runtime, self.base_id, TENANT)
@@ -169,7 +209,8 @@ def _warm_up(runtime, peer, n: int) -> None:
 
 def run(args, log=print) -> dict:
     model = load_model(args.model, dtype=DTYPES[args.dtype])
-    limit = model.config.max_position_embeddings
+    limit = model.config.max_position_embeddings = max(model.config.max_position_embeddings,
+                                                       args.max_positions or 0)
     fits = [n for n in args.contexts if n <= limit] or [0]
     # base session + one fork + the fresh full session + forget's fresh blocks
     runtime = Runtime(RuntimeConfig(model_path=args.model, dtype=args.dtype,
@@ -179,11 +220,12 @@ def run(args, log=print) -> dict:
     with scratch_dir() as scratch:
         peer = None
         if not args.no_peer:
-            peer = TransformersPeer(checkpoint_folder(args.model, runtime.model, scratch), runtime.model.dtype)
-        if not args.quick:
+            peer = TransformersPeer(checkpoint_folder(args.model, runtime.model, scratch), runtime.model.dtype,
+                                    max_position_embeddings=limit)
+        if not args.quick and not args.no_warm_up:
             _warm_up(runtime, peer, min(fits))
         cells = [c for n in args.contexts if n <= limit for c in _context_cells(runtime, peer, n, args, log)]
-    keys = ("contexts", "positions", "spans", "reps", "no_peer", "model", "dtype")
+    keys = ("contexts", "positions", "spans", "reps", "no_peer", "model", "dtype", "max_positions")
     result = {"benchmark": "edit", "settings": {k: getattr(args, k) for k in keys},
               "runtime": runtime_info(runtime), "cells": cells, "skipped": skipped,
               "notes": _notes(skipped)}
@@ -195,7 +237,9 @@ def run(args, log=print) -> dict:
 def _notes(skipped) -> list[str]:
     notes = ["Arms interleaved per repetition (order rotated); times are medians in seconds.",
              "amortize/forget run on an exact fork (row copy) of one cached session of the original history.",
-             "peer = min(median peer_full, median peer_crop): transformers DeepseekV3ForCausalLM, same weights."]
+             "peer = min(median peer_full, median peer_crop): transformers DeepseekV3ForCausalLM, same weights.",
+             "copy = a plain indexed copy of the rows amortize moves (all layers, 2048-row chunks): "
+             "amortize's memory floor."]
     return notes + [s["note"] + f" (context {s['context']})" for s in skipped]
 
 
@@ -204,14 +248,15 @@ def _ms(medians: dict, arm: str) -> float | None:
 
 
 def _markdown(cells, skipped) -> str:
-    headers = ["context", "position", "edit at token", "span", "δ", "amortize ms", "forget ms", "full ms", "peer ms",
-               "forget/amortize", "full/amortize", "peer/amortize"]
+    headers = ["context", "position", "edit at token", "span", "δ", "amortize ms", "copy ms", "forget ms", "full ms",
+               "peer ms", "amortize/copy", "forget/amortize", "full/amortize", "peer/amortize", "peer_full/forget"]
     rows = []
     for c in cells:
-        r = c["ratio_to_amortize"]
-        ms = [_ms(c["median_s"], arm) for arm in ("amortize", "forget", "full", "peer")]
+        r, m = c["ratio_to_amortize"], c["median_s"]
+        ms = [_ms(m, arm) for arm in ("amortize", "copy", "forget", "full", "peer")]
         rows.append([c["context"], f"{c['position']:.0%}", c["edit"]["start_token"], c["span"], c["edit"]["delta"], *ms,
-                     r.get("forget"), r.get("full"), r.get("peer")])
+                     ratio(m["amortize"], m["copy"]), r.get("forget"), r.get("full"), r.get("peer"),
+                     ratio(m.get("peer_full"), m["forget"])])
     text = md_table(headers, rows)
     if skipped:
         text += "\n\n" + "\n".join(f"- context {s['context']}: {s['note']}" for s in skipped)

@@ -17,7 +17,7 @@ from leyline_sdk.protocol import Directive, Message
 
 from . import arms as harness
 from leyline_runtime.runtime import Runtime, RuntimeConfig
-from . import plots
+from . import plots, policy_bench
 from .admission import IMPLICIT_TOKENS, judge
 from .machine import runtime_info
 from .output import fmt, md_table, write_results
@@ -35,7 +35,9 @@ def add_parser(sub) -> None:
     p.add_argument("--categories", nargs="+", default=None)
     p.add_argument("--model", default=None)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    p.set_defaults(run=run, quick_overrides={"limit": 2, "greedy_tokens": 4})
+    policy_bench.add_arguments(p)
+    p.set_defaults(run=run, quick_overrides={"limit": 2, "greedy_tokens": 4, "models": "default", "sessions": 1,
+                                             "edits": 2, "single_cases": 1, "session_tokens": 500})
 
 
 def load_cases(path: str | Path, categories=None, limit=None) -> list[dict]:
@@ -122,6 +124,8 @@ def summarise(rows: list[dict]) -> dict:
 
 def run(args, log=print) -> dict:
     cases = load_cases(args.workload, args.categories, args.limit)
+    if args.policies:
+        return policy_bench.run(args, cases)
     # four live sessions (F, R, L, N) of at most max_position_embeddings tokens each
     runtime = Runtime(RuntimeConfig(model_path=args.model, dtype=args.dtype))
     rows = []

@@ -39,3 +39,43 @@ def serve_in_thread(config, startup_timeout: float = 120.0) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(timeout=30)
+
+
+@contextmanager
+def serve_in_subprocess(args: list[str], startup_timeout: float = 180.0) -> Iterator[str]:
+    """``leyline-runtime serve <args>`` on 127.0.0.1:<free port> in a child process; yields the base URL.
+
+    The load generator then shares no interpreter (and no GIL) with the server, as real clients don't.
+    """
+    import os
+    import subprocess
+    import sys
+
+    import httpx
+
+    port = free_port()
+    cmd = [sys.executable, "-m", "leyline_runtime.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
+           "--log-level", "warning", *args]
+    child = subprocess.Popen(cmd, env=dict(os.environ), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + startup_timeout
+        while True:
+            if child.poll() is not None:
+                raise RuntimeError(f"the server exited: {child.stderr.read().decode()[-2000:]}")
+            try:
+                if httpx.get(f"{url}/healthz", timeout=2, trust_env=False).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError("the server did not start")
+            time.sleep(0.2)
+        yield url
+    finally:
+        child.terminate()
+        try:
+            child.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()

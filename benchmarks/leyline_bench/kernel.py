@@ -24,13 +24,14 @@ from .stats import median, ratio, rotated, timed
 
 BLOCK = 16
 DELTA = -100  # one distinct δ (one edit); the table has one row
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("kernel", help="rotate_and_splice GB/s vs a plain torch copy of the same rows")
     p.add_argument("--rows", type=int, nargs="+", default=[1024 * 2 ** i for i in range(7)])
-    p.add_argument("--dtypes", nargs="+", default=["fp32", "bf16"], choices=list(DTYPES))
+    p.add_argument("--dtype", nargs="+", default=list(DTYPES), choices=list(DTYPES),
+                   help="row dtypes to measure (default: %(default)s)")
     p.add_argument("--reps", type=int, default=15)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--model", default=None, help="take the row layout from this model folder")
@@ -122,7 +123,7 @@ def _measure(n: int, dtype_name: str, device: str, reps: int, model: str | None)
 def run(args, log=print) -> dict:
     triton_note = None if args.device.startswith("cuda") and triton_available() else "skipped: no GPU"
     results = []
-    for dtype_name in args.dtypes:
+    for dtype_name in args.dtype:
         for n in args.rows:
             results.append(_measure(n, dtype_name, args.device, args.reps, args.model))
             r = results[-1]
@@ -130,13 +131,13 @@ def run(args, log=print) -> dict:
                 f"torch {r['gb_per_s']['torch']:.2f} GB/s ({r['torch_vs_copy']:.2f} of copy)")
     width, offset, rope, _ = layout(args.model)
     result = {"benchmark": "kernel", "device": args.device,
-              "settings": {"rows": args.rows, "dtypes": args.dtypes, "reps": args.reps, "row_width": width,
+              "settings": {"rows": args.rows, "dtype": args.dtype, "reps": args.reps, "row_width": width,
                            "rope_offset": offset, "rope_dim": rope, "block_size": BLOCK, "delta": DELTA},
               "triton": triton_note or "measured", "results": results,
               "notes": ["GB/s = (bytes read + bytes written) / median time; arms interleaved, order rotated.",
                         f"Triton path: {triton_note or 'measured'}."]}
     payload = write_results(args.out, "kernel", result, "leyline-bench kernel", _markdown(results, triton_note))
-    _plot(args.out, results, args.dtypes)
+    _plot(args.out, results, args.dtype)
     return payload
 
 

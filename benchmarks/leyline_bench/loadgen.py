@@ -10,6 +10,7 @@ deadline per level; loopback addresses only.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from dataclasses import dataclass, field
 from urllib.parse import urlparse
@@ -97,3 +98,86 @@ async def run_level(base_url: str, sessions: int, loops: int, max_seconds: float
         deadline = time.monotonic() + max_seconds
         await asyncio.gather(*(agent(client, rec, k, loops, deadline, max_tokens) for k in range(sessions)))
         return rec, time.perf_counter() - t0
+
+
+# --- streaming decode load ----------------------------------------------------------------
+
+
+@dataclass
+class StreamRecorder:
+    """Per streamed chat request: latency, time to first token, completion tokens."""
+
+    latencies: list[float] = field(default_factory=list)
+    ttft: list[float] = field(default_factory=list)
+    completion_tokens: int = 0
+    errors: list[str] = field(default_factory=list)
+
+
+async def _stream_chat(client: httpx.AsyncClient, rec: StreamRecorder, body: dict) -> bool:
+    t0 = time.perf_counter()
+    first = None
+    try:
+        async with client.stream("POST", "/v1/chat/completions", json=body) as response:
+            if response.status_code >= 400:
+                rec.errors.append(f"chat: HTTP {response.status_code}: {(await response.aread())[:200]!r}")
+                return False
+            async for line in response.aiter_lines():
+                if not line.startswith("data: "):
+                    continue
+                if first is None:  # the stream opens once the first token is sampled
+                    first = time.perf_counter() - t0
+                data = line[len("data: "):]
+                if data != "[DONE]":
+                    chunk = json.loads(data)
+                    if "error" in chunk:
+                        rec.errors.append(f"chat: {chunk['error']}")
+                        return False
+                    if chunk.get("usage"):
+                        rec.completion_tokens += chunk["usage"]["completion_tokens"]
+    except httpx.HTTPError as e:
+        rec.errors.append(f"chat: {type(e).__name__}: {e}")
+        return False
+    rec.latencies.append(time.perf_counter() - t0)
+    rec.ttft.append(first if first is not None else rec.latencies[-1])
+    return True
+
+
+async def _create_stream_session(client: httpx.AsyncClient, rec: StreamRecorder, k: int):
+    sid = f"bench-stream-{k}-{time.monotonic_ns()}"
+    messages = _history(k)
+    r = await client.post("/sessions", json={"session_id": sid, "messages": messages})
+    if r.status_code >= 400:
+        rec.errors.append(f"POST /sessions: HTTP {r.status_code}")
+        return None
+    return sid, messages
+
+
+async def streaming_agent(client: httpx.AsyncClient, rec: StreamRecorder, sid: str, messages: list[dict],
+                          requests: int, max_tokens: int) -> None:
+    """One session: ``requests`` streamed chat turns, each a new question on the whole history."""
+    for i in range(requests):
+        messages = messages + [{"role": "user", "content": f"Next step {i}: what do you check now?"}]
+        body = {"messages": messages, "session_id": sid, "max_tokens": max_tokens, "temperature": 0.0,
+                "stream": True, "stream_options": {"include_usage": True}}
+        if not await _stream_chat(client, rec, body):
+            break
+        info = await client.get(f"/sessions/{sid}", params={"include_messages": True})
+        messages = [{key: v for key, v in m.items() if v is not None} for m in info.json()["messages"]]
+
+
+async def run_stream_level(base_url: str, sessions: int, requests: int, max_tokens: int,
+                           api_key: str | None = None) -> tuple[StreamRecorder, float]:
+    """All sessions are created first; the clock runs from their common start to the last reply."""
+    check_loopback(base_url)
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    rec = StreamRecorder()
+    async with httpx.AsyncClient(base_url=base_url, headers=headers, timeout=httpx.Timeout(600),
+                                 trust_env=False) as client:
+        made = await asyncio.gather(*(_create_stream_session(client, rec, k) for k in range(sessions)))
+        made = [m for m in made if m is not None]
+        t0 = time.perf_counter()
+        await asyncio.gather(*(streaming_agent(client, rec, sid, msgs, requests, max_tokens) for sid, msgs in made))
+        wall = time.perf_counter() - t0
+        for sid, _ in made:
+            await client.delete(f"/sessions/{sid}")
+        return rec, wall

@@ -30,10 +30,10 @@ def checkpoint_folder(model_path: str | None, model: DeepseekForCausalLM, scratc
 
 
 class TransformersPeer:
-    def __init__(self, folder: str | Path, dtype: torch.dtype = torch.float32):
+    def __init__(self, folder: str | Path, dtype: torch.dtype = torch.float32, **config_overrides):
         from transformers import DeepseekV3ForCausalLM
 
-        self.model = DeepseekV3ForCausalLM.from_pretrained(str(folder), dtype=dtype).eval()
+        self.model = DeepseekV3ForCausalLM.from_pretrained(str(folder), dtype=dtype, **config_overrides).eval()
 
     @torch.no_grad()
     def prefill(self, ids: list[int], cache=None):

@@ -49,6 +49,32 @@ def lines(path: str | Path, title: str, xs: Sequence[float], series: Mapping[str
     return _save(fig, path)
 
 
+def frontier(path: str | Path, title: str, points: Sequence[tuple[str, str, float, float]],
+             xlabel: str, ylabel: str, floor: float = 1e-7) -> Path:
+    """Cost/quality scatter, log-log: ``(group, label, x, y)`` per point; one colour per group,
+    one marker per label; values below ``floor`` are drawn at ``floor``."""
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    groups = list(dict.fromkeys(g for g, _, _, _ in points))
+    labels = list(dict.fromkeys(lab for _, lab, _, _ in points))
+    markers = "osD^vP*X"
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for g, lab, x, y in points:
+        ax.scatter(max(x, floor), max(y, floor), color=colors[groups.index(g) % len(colors)],
+                   marker=markers[labels.index(lab) % len(markers)], s=46)
+    for gi, g in enumerate(groups):
+        ax.scatter([], [], color=colors[gi % len(colors)], marker="s", label=g)
+    for li, lab in enumerate(labels):
+        ax.scatter([], [], color="gray", marker=markers[li % len(markers)], label=lab)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7, ncol=2)
+    return _save(fig, path)
+
+
 def _save(fig, path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

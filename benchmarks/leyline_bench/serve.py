@@ -1,9 +1,17 @@
-"""``leyline-bench serve``: load on a running runtime — N concurrent edit+generate sessions.
+"""``leyline-bench serve``: load on a running runtime — N concurrent sessions.
 
-Without ``--base-url`` a runtime is started in-process (uvicorn on
-127.0.0.1, a free port, a background thread). Per concurrency level:
-throughput (loops/s and requests/s), p50/p95/p99 latency per endpoint, and
-errors (must be 0; the exit status is 1 otherwise).
+Without ``--base-url`` a runtime is started on 127.0.0.1 and a free port:
+``leyline-runtime serve`` in a child process (default; the load generator
+shares no interpreter with it, as real clients don't), or ``--server thread``
+in-process. Per concurrency level, two phases:
+
+1. decode: every session streams ``--stream-requests`` chat turns
+   (``/v1/chat/completions``, bound to its session, ``--stream-max-tokens``):
+   aggregate decode tokens/s, request latency and time to first token p50/p95;
+2. edit loops: generate (append a tool result) + an amortize directive:
+   loops/s, requests/s, p50/p95/p99 latency per endpoint.
+
+Errors must be 0 (the exit status is 1 otherwise).
 """
 
 from __future__ import annotations
@@ -14,10 +22,10 @@ import os
 
 from leyline_runtime.runtime import RuntimeConfig
 from . import plots
-from .inproc import serve_in_thread
-from .loadgen import run_level
+from .inproc import serve_in_subprocess, serve_in_thread
+from .loadgen import run_level, run_stream_level
 from .output import md_table, write_results
-from .stats import percentile
+from .stats import percentile, ratio
 
 
 def add_parser(sub) -> None:
@@ -26,16 +34,35 @@ def add_parser(sub) -> None:
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 8, 16])
     p.add_argument("--loops", type=int, default=4, help="edit+generate loops per session")
     p.add_argument("--max-seconds", type=float, default=180.0, help="per level: no new loop after this")
-    p.add_argument("--max-tokens", type=int, default=8)
+    p.add_argument("--max-tokens", type=int, default=8, help="tokens per generate in the edit loops")
+    p.add_argument("--stream-requests", type=int, default=4, help="streamed chat turns per session (decode phase)")
+    p.add_argument("--stream-max-tokens", type=int, default=32)
     p.add_argument("--api-key", default=None)
+    p.add_argument("--server", default="process", choices=["process", "thread"],
+                   help="without --base-url: run the server in a child process (default) or a thread")
     p.add_argument("--model", default=None)
-    p.set_defaults(run=run, quick_overrides={"concurrency": [1, 2], "loops": 1, "max_tokens": 2})
+    p.set_defaults(run=run, quick_overrides={"concurrency": [1, 2], "loops": 1, "max_tokens": 2,
+                                             "stream_requests": 1, "stream_max_tokens": 4})
 
 
 def _server(args):
     if args.base_url:
         return contextlib.nullcontext(args.base_url)
-    return serve_in_thread(RuntimeConfig(model_path=args.model, api_keys=[args.api_key] if args.api_key else []))
+    if args.server == "thread":
+        return serve_in_thread(RuntimeConfig(model_path=args.model, api_keys=[args.api_key] if args.api_key else []))
+    cli = [*(["--model", args.model] if args.model else []), *(["--api-key", args.api_key] if args.api_key else []),
+           *(["--threads", str(args.threads)] if args.threads else [])]
+    return serve_in_subprocess(cli)
+
+
+def _decode_stats(rec, wall: float) -> dict:
+    def q(values):
+        return {"p50": percentile(values, 50), "p95": percentile(values, 95)}
+
+    return {"wall_s": wall, "requests": len(rec.latencies), "completion_tokens": rec.completion_tokens,
+            "tokens_per_s": rec.completion_tokens / wall if wall else None,
+            "latency_s": q(rec.latencies), "ttft_s": q(rec.ttft), "errors": len(rec.errors),
+            "error_samples": rec.errors[:10]}
 
 
 def _level_stats(sessions: int, rec, wall: float) -> dict:
@@ -55,24 +82,52 @@ def run(args, log=print) -> dict:
     levels = []
     with _server(args) as base_url:
         for n in args.concurrency:
+            srec, swall = asyncio.run(run_stream_level(base_url, n, args.stream_requests, args.stream_max_tokens,
+                                                       api_key))
+            decode = _decode_stats(srec, swall)
             rec, wall = asyncio.run(run_level(base_url, n, args.loops, args.max_seconds, args.max_tokens, api_key))
-            levels.append(_level_stats(n, rec, wall))
+            levels.append({**_level_stats(n, rec, wall), "decode": decode})
             s = levels[-1]
-            log(f"serve sessions={n}: {s['loops']} loops in {wall:.1f} s ({s['requests_per_s']:.2f} req/s), "
-                f"errors {s['errors']}")
-    errors = sum(s["errors"] for s in levels)
-    result = {"benchmark": "serve", "base_url": args.base_url or "in-process",
+            log(f"serve sessions={n}: decode {decode['tokens_per_s']:.1f} tok/s, latency p50 "
+                f"{(decode['latency_s']['p50'] or 0) * 1000:.0f} ms, ttft p50 {(decode['ttft_s']['p50'] or 0) * 1000:.0f}"
+                f" ms; {s['loops']} edit loops in {wall:.1f} s ({s['requests_per_s']:.2f} req/s), "
+                f"errors {s['errors'] + decode['errors']}")
+    errors = sum(s["errors"] + s["decode"]["errors"] for s in levels)
+    result = {"benchmark": "serve", "base_url": args.base_url or f"local ({args.server})",
               "settings": {"concurrency": args.concurrency, "loops": args.loops, "max_seconds": args.max_seconds,
-                           "max_tokens": args.max_tokens},
+                           "max_tokens": args.max_tokens, "stream_requests": args.stream_requests,
+                           "stream_max_tokens": args.stream_max_tokens},
               "levels": levels, "errors": errors, "failed": errors > 0,
-              "notes": ["One loop = generate (append a tool result, max_tokens new tokens) + an amortize directive.",
-                        "The runtime serialises engine work: latency grows with sessions, throughput does not."]}
+              "notes": ["Decode phase: streamed, session-bound chat turns; tokens/s = completion tokens of all "
+                        "sessions / wall time from their common start; TTFT = time to the first SSE event.",
+                        "One edit loop = generate (append a tool result, max_tokens new tokens) + an amortize "
+                        "directive.",
+                        "All sessions' decode steps share one batched forward per engine step."]}
     payload = write_results(args.out, "serve", result, "leyline-bench serve", _markdown(levels))
     _plot(args.out, levels)
     return payload
 
 
 def _markdown(levels) -> str:
+    return _decode_markdown(levels) + "\n\n" + _loops_markdown(levels)
+
+
+def _decode_markdown(levels) -> str:
+    base = levels[0]["decode"] if levels else {}
+    headers = ["sessions", "decode tok/s", "× 1 session", "latency p50/p95 ms", "p50 × 1 session",
+               "TTFT p50/p95 ms", "requests", "errors"]
+    rows = []
+    for s in levels:
+        d = s["decode"]
+        lat, ttft = d["latency_s"], d["ttft_s"]
+        rows.append([s["sessions"], d["tokens_per_s"], ratio(d["tokens_per_s"], base.get("tokens_per_s")),
+                     "/".join(f"{(lat[k] or 0) * 1000:.0f}" for k in ("p50", "p95")),
+                     ratio(lat["p50"], base.get("latency_s", {}).get("p50")),
+                     "/".join(f"{(ttft[k] or 0) * 1000:.0f}" for k in ("p50", "p95")), d["requests"], d["errors"]])
+    return "## Decode (streamed chat turns)\n\n" + md_table(headers, rows)
+
+
+def _loops_markdown(levels) -> str:
     endpoints = sorted({ep for s in levels for ep in s["latency_s"]})
     headers = ["sessions", "loops/s", "req/s", "errors", *[f"{ep} p50/p95/p99 ms" for ep in endpoints]]
     rows = []
@@ -82,7 +137,8 @@ def _markdown(levels) -> str:
             q = s["latency_s"].get(ep)
             cells.append("/".join(f"{q[k] * 1000:.0f}" for k in ("p50", "p95", "p99")) if q else None)
         rows.append([s["sessions"], s["loops_per_s"], s["requests_per_s"], s["errors"], *cells])
-    return md_table(headers, rows) + "\n\n![serve latency](serve_latency.png)\n"
+    return ("## Edit loops (generate + directive)\n\n" + md_table(headers, rows)
+            + "\n\n![serve latency](serve_latency.png)\n")
 
 
 def _plot(out, levels) -> None:

@@ -6,6 +6,21 @@ import torch
 
 SUPPORTED_POOL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
+#: How the rope slice pairs its dims for rotation.  Pair ``j`` (rotated by
+#: ``inv_freq[j]``) is dims ``(j, j + rope_dim/2)`` half-split (the bundled
+#: runtime, HF "rotate_half") or ``(2j, 2j + 1)`` interleaved (vLLM's DeepSeek
+#: cache, ``is_neox_style=False``).
+PAIR_LAYOUTS = ("half_split", "interleaved")
+
+
+def pair_columns(rope_offset: int, rope_dim: int, pair_layout: str) -> tuple[slice, slice]:
+    """Column slices of the first and second member of every rope pair."""
+    end = rope_offset + rope_dim
+    if pair_layout == "interleaved":
+        return slice(rope_offset, end, 2), slice(rope_offset + 1, end, 2)
+    mid = rope_offset + rope_dim // 2
+    return slice(rope_offset, mid), slice(mid, end)
+
 
 def _is_int_tensor(t: object) -> bool:
     return (
@@ -26,7 +41,8 @@ def _check_range(name: str, idx: torch.Tensor, upper: int) -> None:
 
 
 def check_rotate_and_splice_args(
-    src_pool, dst_pool, src_rows, dst_rows, delta_index, cos, sin, rope_offset, rope_dim
+    src_pool, dst_pool, src_rows, dst_rows, delta_index, cos, sin, rope_offset, rope_dim,
+    pair_layout: str = "half_split",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Validate the arguments; return ``(src_rows, dst_rows, delta_index)`` as
     contiguous int64 tensors on the pools' device.  Raises ``ValueError``."""
@@ -62,6 +78,8 @@ def check_rotate_and_splice_args(
         raise ValueError(f"rope_dim must be a positive even number, got {rope_dim}")
     if rope_offset + rope_dim > width:
         raise ValueError(f"rope_offset + rope_dim = {rope_offset + rope_dim} exceeds the row width {width}")
+    if pair_layout not in PAIR_LAYOUTS:
+        raise ValueError(f"pair_layout must be one of {PAIR_LAYOUTS}, got {pair_layout!r}")
 
     for name, idx in (("src_rows", src_rows), ("dst_rows", dst_rows), ("delta_index", delta_index)):
         if not _is_int_tensor(idx):

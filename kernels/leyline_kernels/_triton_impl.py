@@ -55,7 +55,7 @@ def _rotate_and_splice_kernel(
     cos_ptr, sin_ptr,
     n_rows, width,
     src_stride_r, src_stride_c, dst_stride_r, dst_stride_c, tab_stride,
-    rope_offset, half,
+    rope_offset, half, pair_step, partner_gap,
     DTYPE: tl.constexpr,
     BLOCK_ROWS: tl.constexpr,
     BLOCK_W: tl.constexpr,
@@ -72,16 +72,17 @@ def _rotate_and_splice_kernel(
 
     # 1) position-free columns: raw copy, the rope slice masked out.
     cols = tl.arange(0, BLOCK_W)
-    in_rope = (cols >= rope_offset) & (cols < rope_offset + 2 * half)
+    in_rope = (cols >= rope_offset) & (cols < rope_offset + 2 * half)  # both pair layouts fill the slice
     cmask = rmask[:, None] & ((cols < width) & (in_rope == 0))[None, :]
     v = tl.load(s_row + cols[None, :] * src_stride_c, mask=cmask)
     tl.store(d_row + cols[None, :] * dst_stride_c, v, mask=cmask)
 
-    # 2) rope slice: pairs (j, j + half), rotated in fp32.
+    # 2) rope slice, rotated in fp32: pair j is (j, j + half) half-split
+    #    (pair_step 1, partner_gap half) or (2j, 2j + 1) interleaved (2, 1).
     j = tl.arange(0, BLOCK_H)
     hmask = rmask[:, None] & (j < half)[None, :]
-    c1 = (rope_offset + j)[None, :]
-    c2 = c1 + half
+    c1 = (rope_offset + j * pair_step)[None, :]
+    c2 = c1 + partner_gap
     a1 = tl.load(s_row + c1 * src_stride_c, mask=hmask, other=0.0)
     a2 = tl.load(s_row + c2 * src_stride_c, mask=hmask, other=0.0)
     if DTYPE == 1:

@@ -55,8 +55,11 @@ def rotate_and_splice(
     sin: torch.Tensor,
     rope_offset: int,
     rope_dim: int,
+    pair_layout: str = "half_split",
 ) -> None:
     """Run rotate-and-splice on the backend chosen by :func:`kernel_backend`
-    for the pools' device (each backend validates its arguments)."""
+    for the pools' device (each backend validates its arguments).
+    ``pair_layout``: ``"half_split"`` (default) or ``"interleaved"``."""
     run = rotate_and_splice_triton if kernel_backend(src_pool.device) == "triton" else rotate_and_splice_torch
-    run(src_pool, dst_pool, src_rows, dst_rows, delta_index, cos, sin, rope_offset, rope_dim)
+    run(src_pool, dst_pool, src_rows, dst_rows, delta_index, cos, sin, rope_offset, rope_dim,
+        pair_layout=pair_layout)

@@ -1,23 +1,26 @@
 """Reference (and CPU) implementation of rotate-and-splice in plain torch.
 
 For every row ``i``: gather ``src_pool[src_rows[i]]``, rotate its rope slice
-(half-split pair layout: dim ``j`` pairs with ``j + rope_dim/2``) by the
-table row ``delta_index[i]`` in fp32, round to the pool dtype (RNE) and write
-the row to ``dst_pool[dst_rows[i]]``.  Columns outside the rope slice are
-copied bit for bit.
+by the table row ``delta_index[i]`` in fp32, round to the pool dtype (RNE) and
+write the row to ``dst_pool[dst_rows[i]]``.  Columns outside the rope slice are
+copied bit for bit.  The rope slice's pair layout is a parameter (see
+:data:`PAIR_LAYOUTS`): half-split (dim ``j`` pairs with ``j + rope_dim/2``, the
+bundled runtime) or interleaved (dim ``2j`` pairs with ``2j + 1``, vLLM's
+DeepSeek cache); pair ``j`` rotates by ``inv_freq[j]`` in both.
 """
 
 from __future__ import annotations
 
 import torch
 
-from ._checks import check_rotate_and_splice_args
+from ._checks import check_rotate_and_splice_args, pair_columns
 
 __all__ = ["rotate_and_splice_torch"]
 
-#: rows processed per chunk; bounds the temporaries to a few times
+#: rows processed per chunk: small enough that the gathered rows stay in cache (measured
+#: 1.3x a plain chunked indexed copy at 16k rows x 6 layers; 65536-row chunks were 2x); bounds the temporaries to a few times
 #: ``CHUNK_ROWS * row_width`` elements.
-CHUNK_ROWS = 65536
+CHUNK_ROWS = 2048
 
 
 def _rotate_and_splice_torch_impl(
@@ -31,16 +34,16 @@ def _rotate_and_splice_torch_impl(
     rope_offset: int,
     rope_dim: int,
     chunk_rows: int = CHUNK_ROWS,
+    pair_layout: str = "half_split",
 ) -> None:
     n = src_rows.numel()
-    half = rope_dim // 2
-    lo, mid, hi = rope_offset, rope_offset + half, rope_offset + rope_dim
+    first, second = pair_columns(rope_offset, rope_dim, pair_layout)
     single = cos.shape[0] == 1
     for a in range(0, n, chunk_rows):
         b = min(n, a + chunk_rows)
         rows = src_pool.index_select(0, src_rows[a:b])  # bitwise gather
-        x1 = rows[:, lo:mid].to(torch.float32)
-        x2 = rows[:, mid:hi].to(torch.float32)
+        x1 = rows[:, first].to(torch.float32)
+        x2 = rows[:, second].to(torch.float32)
         if single:  # one distinct delta: broadcast instead of gathering
             c, s = cos, sin
         else:
@@ -55,8 +58,8 @@ def _rotate_and_splice_torch_impl(
         out2 += x1 * s
         # Both halves are computed before either is written back (for fp32
         # x1/x2 are views of ``rows``).  copy_ rounds fp32 -> bf16/fp16 RNE.
-        rows[:, lo:mid] = out1
-        rows[:, mid:hi] = out2
+        rows[:, first] = out1
+        rows[:, second] = out2
         dst_pool.index_copy_(0, dst_rows[a:b], rows)
 
 
@@ -70,18 +73,20 @@ def rotate_and_splice_torch(
     sin: torch.Tensor,
     rope_offset: int,
     rope_dim: int,
+    pair_layout: str = "half_split",
 ) -> None:
     """Copy rows ``src_pool[src_rows]`` to ``dst_pool[dst_rows]``, rotating the
     rope slice ``[rope_offset, rope_offset + rope_dim)`` of row ``i`` by the
     angles of table row ``delta_index[i]`` (``cos``/``sin`` from
     :func:`kernels.delta_rotation_table`).  ``src_pool`` and ``dst_pool`` may be
-    the same tensor; the source and destination row sets must be disjoint."""
+    the same tensor; the source and destination row sets must be disjoint.
+    ``pair_layout`` is ``"half_split"`` (default) or ``"interleaved"``."""
     src_rows, dst_rows, delta_index = check_rotate_and_splice_args(
-        src_pool, dst_pool, src_rows, dst_rows, delta_index, cos, sin, rope_offset, rope_dim
+        src_pool, dst_pool, src_rows, dst_rows, delta_index, cos, sin, rope_offset, rope_dim, pair_layout
     )
     if src_rows.numel() == 0:
         return
     _rotate_and_splice_torch_impl(
         src_pool, dst_pool, src_rows, dst_rows, delta_index,
-        cos.contiguous(), sin.contiguous(), rope_offset, rope_dim,
+        cos.contiguous(), sin.contiguous(), rope_offset, rope_dim, pair_layout=pair_layout,
     )

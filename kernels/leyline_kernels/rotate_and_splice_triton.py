@@ -49,13 +49,15 @@ def _block_rows(n: int, block_w: int, interpret: bool) -> int:
 
 def _rotate_and_splice_triton_impl(
     src_pool, dst_pool, src_rows, dst_rows, delta_index, cos, sin, rope_offset, rope_dim,
-    block_rows: int | None = None,
+    block_rows: int | None = None, pair_layout: str = "half_split",
 ) -> None:
     from ._triton_impl import _rotate_and_splice_kernel  # lazy: imports triton
 
     n = src_rows.numel()
     width = src_pool.shape[1]
     half = rope_dim // 2
+    # pair j = columns (rope_offset + j*pair_step, that + partner_gap)
+    pair_step, partner_gap = (2, 1) if pair_layout == "interleaved" else (1, half)
     interpret = _interpreting()
     block_w = _next_pow2(width)
     block_h = _next_pow2(half)
@@ -72,7 +74,7 @@ def _rotate_and_splice_triton_impl(
         cos, sin,
         n, width,
         src_pool.stride(0), src_pool.stride(1), dst_pool.stride(0), dst_pool.stride(1), cos.stride(0),
-        rope_offset, half,
+        rope_offset, half, pair_step, partner_gap,
         DTYPE=_DTYPE_CODE[src_pool.dtype],
         BLOCK_ROWS=block_rows,
         BLOCK_W=block_w,
@@ -93,11 +95,12 @@ def rotate_and_splice_triton(
     sin: torch.Tensor,
     rope_offset: int,
     rope_dim: int,
+    pair_layout: str = "half_split",
 ) -> None:
     """Same contract as :func:`kernels.rotate_and_splice_torch`, run by a Triton
     kernel (1-D grid, ``BLOCK_ROWS`` rows x the padded row width per program)."""
     src_rows, dst_rows, delta_index = check_rotate_and_splice_args(
-        src_pool, dst_pool, src_rows, dst_rows, delta_index, cos, sin, rope_offset, rope_dim
+        src_pool, dst_pool, src_rows, dst_rows, delta_index, cos, sin, rope_offset, rope_dim, pair_layout
     )
     if src_rows.numel() == 0:
         return
@@ -108,5 +111,6 @@ def rotate_and_splice_triton(
             "rotate_and_splice_triton on CPU tensors needs TRITON_INTERPRET=1 set before triton is imported"
         )
     _rotate_and_splice_triton_impl(
-        src_pool, dst_pool, src_rows, dst_rows, delta_index, cos, sin, rope_offset, rope_dim
+        src_pool, dst_pool, src_rows, dst_rows, delta_index, cos, sin, rope_offset, rope_dim,
+        pair_layout=pair_layout,
     )

@@ -4,10 +4,11 @@ Two paths share the weights:
 
 * ``forward`` — the plain causal forward, shaped like the reference
   implementation (per-head keys/values expanded from the latent).
-* ``forward_cached`` — the serving path over a paged cache of rows
-  ``[c_kv | k_pe]``. It absorbs ``kv_b_proj`` into the query and the output
-  (MQA over the latent), so a cached token costs one row of
-  ``kv_lora_rank + qk_rope_head_dim`` per layer.
+* ``forward_batch`` — the serving path over a paged cache of rows
+  ``[c_kv | k_pe]`` (one row of ``kv_lora_rank + qk_rope_head_dim`` per token
+  and layer), for a batch of sequences. Decode steps absorb ``kv_b_proj``
+  into the query and the output (MQA over the latent); long prefill runs
+  expand the keys per head once, where that is cheaper.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .batch import BatchLayout, DecodeStep, PrefillSegment, read_rows
 from .config import MLAConfig
 from .layers import RMSNorm
 from .rope import rotate_half_split
@@ -81,61 +83,132 @@ class MLAttention(nn.Module):
 
     # -- serving path over the paged cache --------------------------------------
 
-    def forward_cached(self, x: torch.Tensor, cos, sin, positions: torch.Tensor,
-                       pool: torch.Tensor, write_rows: torch.Tensor, read_rows: torch.Tensor) -> torch.Tensor:
-        """x [T, hidden] at ``positions``; ``read_rows[p]`` is the pool row of position p.
+    def forward_batch(self, x: torch.Tensor, cos, sin, pool: torch.Tensor, layout: BatchLayout) -> torch.Tensor:
+        """x [N, hidden]: the tokens of every sequence in the batch (see :class:`BatchLayout`).
 
-        Writes the new tokens' rows first, then attends over ``read_rows``
-        (which must cover positions 0..max(positions)).
+        Writes the tokens' rows first, so a segment sees the rows written in
+        this same layer by the segments of its sequence before it.
         """
+        cfg = self.cfg
         q_nope, q_pe = self._queries(x, cos, sin)
-        pool[write_rows] = self.latent(x, cos, sin).to(pool.dtype)
-        kv = pool[read_rows].to(x.dtype)  # [Tk, r + rope]
-        mask = self._mask(positions, kv.shape[0])
-        # Absorbed attention (MQA over the latent) is cheapest per query, but its
-        # head size is r + rope; for many queries expanding keys per head wins.
-        if x.shape[0] >= self.PREFILL_EXPAND_MIN:
-            out = self._expanded_attention(q_nope, q_pe, kv, mask, x.shape[0] == kv.shape[0])
-        else:
-            out = self._absorbed_attention(q_nope, q_pe, kv, mask)
+        new_rows = self.latent(x, cos, sin).to(pool.dtype)
+        pool[layout.write_rows] = new_rows
+        new_rows = new_rows.to(x.dtype)
+        out = x.new_empty(x.shape[0], self.num_heads * cfg.v_head_dim)
+        for seg in layout.prefills:
+            t = seg.tokens
+            out[t] = self._prefill_attention(q_nope[t], q_pe[t], new_rows[t], pool, seg)
+        if layout.decodes:
+            d = layout.decode_tokens
+            out[d] = self._decode_attention(q_nope[d], q_pe[d], pool, layout.decodes)
         return self.o_proj(out)
 
-    PREFILL_EXPAND_MIN = 64
+    def _weights(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """kv_b_proj split per head: w_uk [H, nope, r], w_uv [H, v, r]."""
+        cfg = self.cfg
+        w = self.kv_b_proj.weight.view(self.num_heads, cfg.qk_nope_head_dim + cfg.v_head_dim, cfg.kv_lora_rank)
+        return w[:, : cfg.qk_nope_head_dim], w[:, cfg.qk_nope_head_dim:]
 
-    @staticmethod
-    def _mask(positions: torch.Tensor, Tk: int) -> torch.Tensor | None:
-        if positions.shape[0] == 1 and int(positions[0]) == Tk - 1:
-            return None  # one query at the end sees everything
-        return torch.arange(Tk, device=positions.device)[None, :] <= positions[:, None]
+    def _decode_attention(self, q_nope, q_pe, pool, steps: list[DecodeStep]) -> torch.Tensor:
+        """One query per sequence at its last position: absorbed MQA over its latent rows, read in place.
 
-    def _absorbed_attention(self, q_nope, q_pe, kv, mask) -> torch.Tensor:
+        The projections through ``kv_b_proj`` run for all sequences at once;
+        only the product with each sequence's own rows runs per sequence.
+        """
+        cfg = self.cfg
+        B, r = q_nope.shape[0], cfg.kv_lora_rank
+        w_uk, w_uv = self._weights()
+        q = torch.cat((torch.einsum("bhn,hnr->bhr", q_nope, w_uk), q_pe), dim=-1)  # [B, H, r + rope]
+        latent = q.new_empty(B, self.num_heads, r)
+        for b, step in enumerate(steps):
+            latent[b] = self._latent_attention(q[b], read_rows(pool, step.rows))
+        return torch.einsum("bhr,hvr->bhv", latent, w_uv).reshape(B, -1)
+
+    def _latent_attention(self, q: torch.Tensor, parts: list[torch.Tensor]) -> torch.Tensor:
+        """q [H, r + rope] over the rows of ``parts`` -> [H, r]; V is the row's latent (its first r columns)."""
+        r = self.cfg.kv_lora_rank
+        parts = [p.to(q.dtype) for p in parts]
+        scores = torch.cat([q @ p.T for p in parts], dim=-1).float() * self.scale
+        probs = scores.softmax(dim=-1).to(q.dtype)
+        out, at = None, 0
+        for p in parts:
+            term = probs[:, at: at + p.shape[0]] @ p[:, :r]
+            out = term if out is None else out + term
+            at += p.shape[0]
+        return out
+
+    def _prefill_attention(self, q_nope, q_pe, own_rows, pool, seg: PrefillSegment) -> torch.Tensor:
+        """Causal attention of a run of T queries at positions start.. over rows 0..start+T.
+
+        The rows before ``start`` (read where they lie in the pool) and the
+        run's own rows are two attention parts merged by their log-sum-exp,
+        so no mask is ever built: the own part is plain causal.
+        """
+        T = q_nope.shape[0]
+        out, lse = self._attend(q_nope, q_pe, own_rows, causal=True)
+        if seg.start > 0:
+            for part in read_rows(pool, seg.prefix):
+                out, lse = _merge(out, lse, *self._attend(q_nope, q_pe, part.to(q_nope.dtype), causal=False))
+        return out.reshape(T, -1)
+
+    def _attend(self, q_nope, q_pe, kv, causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> (out [T, H, v], lse [T, H]) for T queries over the rows kv (causal: square, same positions)."""
+        cfg = self.cfg
+        T, Tk = q_nope.shape[0], kv.shape[0]
+        # Absorbed (MQA over the latent, head size r + rope) skips expanding the
+        # keys through kv_b_proj; that expansion pays off once enough queries share it.
+        absorbed_cost = T * 2 * (cfg.kv_lora_rank + cfg.qk_rope_head_dim)
+        expanded_cost = cfg.kv_lora_rank * (cfg.qk_nope_head_dim + cfg.v_head_dim) + T * 2 * cfg.qk_head_dim
+        if absorbed_cost <= expanded_cost:
+            return self._absorbed(q_nope, q_pe, kv, causal)
+        return self._expanded(q_nope, q_pe, kv, causal, T, Tk)
+
+    def _absorbed(self, q_nope, q_pe, kv, causal):
         cfg = self.cfg
         T, H, r = q_nope.shape[0], self.num_heads, cfg.kv_lora_rank
-        w = self.kv_b_proj.weight.view(H, cfg.qk_nope_head_dim + cfg.v_head_dim, r)
-        w_uk, w_uv = w[:, : cfg.qk_nope_head_dim], w[:, cfg.qk_nope_head_dim:]
-        q_lat = torch.einsum("thn,hnr->htr", q_nope, w_uk)
-        q = torch.cat((q_lat, q_pe.transpose(0, 1)), dim=-1).reshape(1, 1, H * T, -1)
-        # Folding heads into the query rows makes this one MQA product; V is the
-        # row itself (its k_pe tail only pads V to Q/K's size and is dropped).
-        k = kv[None, None]
-        out = F.scaled_dot_product_attention(q, k, k, attn_mask=None if mask is None else mask.repeat(H, 1),
-                                             scale=self.scale)
-        out = out.view(H, T, -1)[..., :r]
-        return torch.einsum("htr,hvr->thv", out, w_uv).reshape(T, H * cfg.v_head_dim)
+        w_uk, w_uv = self._weights()
+        q = torch.cat((torch.einsum("thn,hnr->htr", q_nope, w_uk), q_pe.transpose(0, 1)), dim=-1)  # [H, T, r+rope]
+        if causal:
+            k = kv[None].expand(H, *kv.shape)[None]
+            out, lse = _sdpa_lse(q[None], k, k, True, self.scale)  # [1, H, T, .], [1, H, T]
+        else:  # heads folded into the query rows: one MQA product
+            out, lse = _sdpa_lse(q.reshape(1, 1, H * T, -1), kv[None, None], kv[None, None], False, self.scale)
+        out, lse = out.reshape(H, T, -1)[..., :r], lse.reshape(H, T)
+        return torch.einsum("htr,hvr->thv", out, w_uv), lse.transpose(0, 1)
 
-    def _expanded_attention(self, q_nope, q_pe, kv, mask, causal_square: bool) -> torch.Tensor:
+    def _expanded(self, q_nope, q_pe, kv, causal, T, Tk):
         cfg = self.cfg
-        T, H, Tk = q_nope.shape[0], self.num_heads, kv.shape[0]
+        H = self.num_heads
         c_kv, k_pe = kv.split([cfg.kv_lora_rank, cfg.qk_rope_head_dim], dim=-1)
         k_nope, v = self.kv_b_proj(c_kv).view(Tk, H, -1).split([cfg.qk_nope_head_dim, cfg.v_head_dim], dim=-1)
         q = torch.cat((q_nope, q_pe), dim=-1).transpose(0, 1)[None]
         k = torch.cat((k_nope, k_pe[:, None, :].expand(Tk, H, cfg.qk_rope_head_dim)), dim=-1).transpose(0, 1)[None]
         v = v.transpose(0, 1)[None]
-        pad = cfg.qk_head_dim - cfg.v_head_dim
-        if pad > 0:
-            v = F.pad(v, (0, pad))
-        if causal_square:
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale)
-        else:
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale)
-        return out[0, ..., : cfg.v_head_dim].transpose(0, 1).reshape(T, H * cfg.v_head_dim)
+        # CPU SDPA leaves its fast path when V's head size differs from Q/K's:
+        # zero columns change no product.
+        width = max(cfg.qk_head_dim, cfg.v_head_dim)
+        q, k, v = (F.pad(t, (0, width - t.shape[-1])) if t.shape[-1] < width else t for t in (q, k, v))
+        out, lse = _sdpa_lse(q, k, v, causal, self.scale)
+        return out[0, ..., : cfg.v_head_dim].transpose(0, 1), lse[0].transpose(0, 1)
+
+
+def _sdpa_lse(q, k, v, causal: bool, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention output and its log-sum-exp per query row (fp32)."""
+    if q.device.type == "cpu":
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, scale=scale)
+        return out, lse.float()
+    scores = (q.float() @ k.float().transpose(-1, -2)) * scale
+    if causal:
+        n = scores.shape[-1]
+        scores = scores.masked_fill(torch.ones(n, n, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
+    lse = scores.logsumexp(-1)
+    return ((scores - lse[..., None]).exp() @ v.float()).to(q.dtype), lse
+
+
+def _merge(out_a, lse_a, out_b, lse_b) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention over the union of two disjoint key sets from its parts (out [T, H, v], lse [T, H])."""
+    top = torch.maximum(lse_a, lse_b)
+    w_a, w_b = (lse_a - top).exp(), (lse_b - top).exp()
+    total = w_a + w_b
+    out = (out_a.float() * w_a[..., None] + out_b.float() * w_b[..., None]) / total[..., None]
+    return out.to(out_a.dtype), top + total.log()

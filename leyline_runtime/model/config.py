@@ -83,16 +83,6 @@ class MLAConfig:
             scale *= m * m
         return scale
 
-    def num_parameters(self) -> int:
-        h, r, H = self.hidden_size, self.kv_lora_rank, self.num_attention_heads
-        q = h * H * self.qk_head_dim if self.q_lora_rank is None else (
-            h * self.q_lora_rank + self.q_lora_rank * H * self.qk_head_dim)
-        attn = q + h * (r + self.qk_rope_head_dim) + r * H * (self.qk_nope_head_dim + self.v_head_dim) \
-            + H * self.v_head_dim * h
-        mlp = 3 * h * self.intermediate_size
-        emb = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
-        return self.num_hidden_layers * (attn + mlp) + emb
-
     def to_hf_dict(self) -> dict[str, Any]:
         """transformers-style ``config.json`` (DeepseekV3ForCausalLM loads it)."""
         d = {k: v for k, v in dataclasses.asdict(self).items() if k not in ("rope_scaling", "extra")}

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from .attention import MLAttention
+from .batch import BatchLayout
 from .config import MLAConfig
 from .layers import MLP, MoE, RMSNorm
 from .rope import RotaryEmbedding
@@ -39,9 +40,8 @@ class DecoderLayer(nn.Module):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin)
         return x + self.mlp(self.post_attention_layernorm(x))
 
-    def forward_cached(self, x, cos, sin, positions, pool, write_rows, read_rows):
-        h = self.self_attn.forward_cached(self.input_layernorm(x), cos, sin, positions, pool, write_rows, read_rows)
-        x = x + h
+    def forward_batch(self, x, cos, sin, pool, layout: BatchLayout):
+        x = x + self.self_attn.forward_batch(self.input_layernorm(x), cos, sin, pool, layout)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -90,22 +90,16 @@ class DeepseekForCausalLM(nn.Module):
         return self.lm_head(self.model.norm(x))
 
     @torch.no_grad()
-    def forward_cached(self, input_ids: torch.Tensor, positions: torch.Tensor, pool: torch.Tensor,
-                       write_rows: torch.Tensor, read_rows: torch.Tensor,
-                       logits: str = "last") -> torch.Tensor | None:
-        """Run tokens [T] at ``positions`` against the paged cache ``pool`` [L, rows, width].
+    def forward_batch(self, input_ids: torch.Tensor, pool: torch.Tensor, layout: BatchLayout) -> torch.Tensor | None:
+        """Run the tokens [N] of a batch of sequences against the paged cache ``pool`` [L, rows, width].
 
-        Rows of the new tokens are written to ``write_rows``; attention reads
-        ``read_rows`` (pool row per position, 0..max(positions)).
-        ``logits``: "last" -> [vocab], "all" -> [T, vocab], "none" -> None.
+        Writes every token's rows (``layout.write_rows``) and returns fp32
+        logits [len(layout.logit_rows), vocab] of the wanted rows (None: none wanted).
         """
         x = self.model.embed_tokens(input_ids)
-        cos, sin = self.rotary.cos_sin(positions, x.dtype)
+        cos, sin = self.rotary.cos_sin(layout.positions, x.dtype)
         for i, layer in enumerate(self.model.layers):
-            x = layer.forward_cached(x, cos, sin, positions, pool[i], write_rows, read_rows)
-        if logits == "none":
+            x = layer.forward_batch(x, cos, sin, pool[i], layout)
+        if not len(layout.logit_rows):
             return None
-        if logits == "last":
-            x = x[-1:]
-        out = self.lm_head(self.model.norm(x)).float()
-        return out[0] if logits == "last" else out
+        return self.lm_head(self.model.norm(x[layout.logit_rows])).float()

@@ -3,7 +3,8 @@
 That folder is package data: ``config.json`` + ``model.safetensors`` +
 ``tokenizer.json`` (the trained model, see ``leyline-runtime train``). Where
 only the tokenizer is present the seeded random model of the default
-config is built instead, so the runtime always starts offline.
+config is built instead, so the runtime always starts offline
+(:func:`.loader.load_model` with no path does that; this module never imports the loader).
 """
 
 from __future__ import annotations
@@ -42,14 +43,3 @@ def seeded_model(cfg: MLAConfig, seed: int = DEFAULT_SEED) -> DeepseekForCausalL
 
 def default_tokenizer_path() -> Path:
     return DEFAULT_MODEL_DIR / "tokenizer.json"
-
-
-def load_default_model(device="cpu", dtype=torch.float32) -> DeepseekForCausalLM:
-    from .loader import load_model
-
-    if (DEFAULT_MODEL_DIR / "model.safetensors").is_file():
-        return load_model(str(DEFAULT_MODEL_DIR), device=device, dtype=dtype)
-    from tokenizers import Tokenizer
-
-    vocab = Tokenizer.from_file(str(default_tokenizer_path())).get_vocab_size()
-    return seeded_model(default_config(vocab)).to(device=device, dtype=dtype)

@@ -18,8 +18,7 @@ from safetensors.torch import save_file
 
 from .config import MLAConfig, UnsupportedConfig, config_from_dict
 from .deepseek import DeepseekForCausalLM
-
-
+from .default import DEFAULT_MODEL_DIR, default_config, default_tokenizer_path, seeded_model
 
 _LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.")
 _FUSED_EXPERTS_RE = re.compile(r"^(model\.layers\.\d+\.mlp\.experts)\.(gate_up_proj|down_proj)$")
@@ -37,8 +36,7 @@ def load_model(path: str | None = None, *, device: str | torch.device = "cpu",
                dtype: torch.dtype = torch.float32) -> DeepseekForCausalLM:
     """Load a model folder; ``path=None`` loads the embedded default model."""
     if path is None:
-        from .default import load_default_model
-        return load_default_model(device=device, dtype=dtype)
+        return _load_default_model(device=device, dtype=dtype)
     folder = Path(path)
     cfg = read_config(folder)
     with torch.device("meta"):
@@ -48,6 +46,15 @@ def load_model(path: str | None = None, *, device: str | torch.device = "cpu",
         _deinterleave_rope_rows(state, cfg)
     _load_state(model, state, folder)
     return model.to(device=device, dtype=dtype).eval()
+
+
+def _load_default_model(device: str | torch.device, dtype: torch.dtype) -> DeepseekForCausalLM:
+    if (DEFAULT_MODEL_DIR / "model.safetensors").is_file():
+        return load_model(str(DEFAULT_MODEL_DIR), device=device, dtype=dtype)
+    from tokenizers import Tokenizer
+
+    vocab = Tokenizer.from_file(str(default_tokenizer_path())).get_vocab_size()
+    return seeded_model(default_config(vocab)).to(device=device, dtype=dtype)
 
 
 def save_model(model: DeepseekForCausalLM, folder: str | Path) -> None:

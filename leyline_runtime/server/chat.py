@@ -58,6 +58,14 @@ class ChatTurn:
     outcomes: list[DirectiveOutcome] = field(default_factory=list)
     appended: int = 0
     applied_edits: list[AppliedEdit] = field(default_factory=list)
+    first_version: int = 0  # the session's version before this turn (bound turns)
+
+    @property
+    def versions(self) -> list[int]:
+        """Every version the turn produced; consecutive, as no other request runs on the session meanwhile."""
+        if self.session_id is None:
+            return []
+        return list(range(self.first_version + 1, self.response.version + 1))
 
     @property
     def cached_tokens(self) -> int:
@@ -103,7 +111,8 @@ class ChatService:
                     raise
         turn.applied_edits = edits
         gen = turn.response
-        self.metrics.observe_generation("chat_completions", gen.finish_reason, gen.usage.completion_tokens)
+        self.metrics.observe_generation("chat_completions", gen.finish_reason, gen.usage.completion_tokens,
+                                        tenant)
         return turn
 
     # -- the two kinds of request --------------------------------------------------------
@@ -126,24 +135,30 @@ class ChatService:
             old, version = self.runtime.session_messages(sid, tenant)
         except SessionNotFound:
             return self._rebuild(request, decoding, messages, sid, tenant, on_token)
+        first_version = version
         mode = request.leyline.mode if request.leyline else "amortize"
         directives, tail = split_append(old, messages, mode=mode)
         if len(directives) > MAX_DIRECTIVES:
+            prompt = sum(map(len, self.runtime.tokenizer.encode_messages(messages)))
+            self.runtime.check_generation(prompt, generate_request(request).max_tokens, new_tokens=prompt)
             with suppress(SessionNotFound):
                 self.runtime.delete_session(sid, tenant)
             return self._rebuild(request, decoding, messages, sid, tenant, on_token)
         outcomes: list[DirectiveOutcome] = []
-        if directives:
+        if directives:  # check the whole request before the edits change the session
+            tail_tokens = sum(map(len, self.runtime.tokenizer.encode_messages(tail)))
+            self.runtime.check_generation(self.runtime.edited_length(sid, tenant, directives) + tail_tokens,
+                                          generate_request(request).max_tokens, new_tokens=tail_tokens)
             batch = DirectiveBatch(session_id=sid, directives=directives, expected_version=version)
             result = self.runtime.apply(batch, tenant)
-            self.metrics.observe_directives(result)
+            self.metrics.observe_directives(result, tenant)
             version, outcomes = result.version, result.outcomes
         gen = self.runtime.generate(sid, generate_request(request, messages=tail, expected_version=version),
                                     tenant, on_token=on_token,
                                     processors=decoding.processors(self.grammars))
         recomputed = sum(o.recomputed_tokens for o in outcomes)
         return ChatTurn(gen, sid, recomputed + gen.usage.prefill_tokens, directives_applied=len(directives),
-                        outcomes=outcomes, appended=len(tail))
+                        outcomes=outcomes, appended=len(tail), first_version=first_version)
 
     def _rebuild(self, request: ChatCompletionRequest, decoding: Decoding, messages: list[Message], sid: str,
                  tenant: str, on_token: OnToken) -> ChatTurn:
@@ -153,7 +168,13 @@ class ChatService:
             if self.runtime.has_session(sid, tenant):  # created by a concurrent request
                 raise _Restart() from exc
             raise
-        gen = self.runtime.generate(sid, generate_request(request, expected_version=info.version), tenant,
-                                    on_token=on_token, processors=decoding.processors(self.grammars))
+        try:
+            gen = self.runtime.generate(sid, generate_request(request, expected_version=info.version), tenant,
+                                        on_token=on_token,
+                                        processors=decoding.processors(self.grammars))
+        except BaseException:
+            with suppress(SessionNotFound):  # it did not exist before this request
+                self.runtime.delete_session(sid, tenant)
+            raise
         return ChatTurn(gen, sid, info.counters.prefilled_tokens + gen.usage.prefill_tokens, rebuilt=True,
                         appended=len(messages))

@@ -54,6 +54,7 @@ def logprobs(turn: ChatTurn) -> ChoiceLogprobs | None:
 def report(turn: ChatTurn) -> LeylineReport:
     return LeylineReport(
         session_id=turn.session_id, version=turn.response.version if turn.session_id else None,
+        versions=turn.versions,
         rebuilt=turn.rebuilt, directives_applied=turn.directives_applied, outcomes=turn.outcomes,
         appended_messages=turn.appended, prefilled_tokens=turn.prefilled)
 

@@ -2,8 +2,10 @@
 
 Runtime errors (:class:`LeylineError`) carry their own code and status.
 Request validation, unknown paths and wrong methods are reshaped into the
-same body, and malformed input that slips past validation (a ``ValueError``
-or ``IndexError`` deep in the runtime) is a 422, never a 500.
+same body (a 405 names every allowed method in ``Allow``), a body that is not
+JSON at all is 400 ``invalid_body``, and malformed input that slips past
+validation (a ``ValueError``, ``IndexError`` or ``UnicodeError`` deep in the
+runtime) is a 422, never a 500.
 """
 
 from __future__ import annotations
@@ -15,21 +17,28 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from leyline_sdk.errors import LeylineError
 from leyline_sdk.protocol import ErrorBody
 
 log = logging.getLogger("leyline.server")
 
-_HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "capacity_exceeded"}
+# FastAPI answers 400 when the body cannot be parsed at all (invalid UTF-8, JSON nested too deep).
+_HTTP_CODES = {400: "invalid_body", 404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}
 _MAX_LISTED_ERRORS = 5
 
 _DESCRIPTIONS = {
+    400: "The body is not parseable JSON: invalid UTF-8, bad syntax, nested too deep (`invalid_body`)",
     401: "Missing or wrong API key (`unauthorized`)",
     404: "No such session for this tenant (`session_not_found`; the message hints when it was evicted)",
     409: "`expected_version` does not match the session's version (`version_conflict`); nothing changed",
-    413: "The request cannot fit in the KV cache, or in the model's context (`capacity_exceeded`)",
-    422: "Invalid request: `validation_error`, `invalid_span`, `overlapping_spans`, `invalid_directive`",
+    408: "The request body did not arrive within the server's body timeout (`request_timeout`)",
+    413: "Over a request limit: body, message size, message count or tokens per request "
+         "(`request_too_large`); or the session cannot fit the KV cache or the model's context "
+         "(`capacity_exceeded`). Nothing changed",
+    422: "Invalid request: `validation_error` (also text that is not valid Unicode), `invalid_span`, "
+         "`overlapping_spans`, `invalid_directive`, `invalid_request`. Nothing changed",
 }
 
 
@@ -47,6 +56,8 @@ async def _leyline_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, LeylineError)
     status = exc.status_code or 400
     headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    if status in (408, 413):
+        headers = {"Connection": "close"}
     return error_response(status, exc.code, exc.message or exc.code, headers)
 
 
@@ -58,10 +69,37 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
 async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
     code = _HTTP_CODES.get(exc.status_code, "http_error")
-    return error_response(exc.status_code, code, str(exc.detail), getattr(exc, "headers", None))
+    headers = getattr(exc, "headers", None)
+    detail = str(exc.detail)
+    if exc.status_code == 400:
+        detail = f"{detail}: it is not UTF-8 JSON, or it is nested too deep"
+    if exc.status_code == 405:
+        headers = {**(headers or {}), "Allow": ", ".join(allowed_methods(request))}
+    return error_response(exc.status_code, code, detail, headers)
+
+
+def allowed_methods(request: Request) -> list[str]:
+    """Every method some route serves at this path (Starlette names only the first route's)."""
+    methods: set[str] = set()
+    for route in _leaf_routes(request.app.router.routes):
+        match, _ = route.matches({**request.scope, "method": "GET"})
+        if match != Match.NONE and getattr(route, "methods", None):
+            methods |= route.methods
+    return sorted(methods)
+
+
+def _leaf_routes(routes: Any) -> Any:
+    for route in routes:
+        included = getattr(route, "original_router", None)  # FastAPI keeps included routers whole
+        if included is not None:
+            yield from _leaf_routes(included.routes)
+        else:
+            yield route
 
 
 async def _bad_input(request: Request, exc: Exception) -> JSONResponse:
+    if isinstance(exc, UnicodeError):
+        return error_response(422, "validation_error", f"text is not valid Unicode: {exc}")
     return error_response(422, "invalid_request", str(exc) or type(exc).__name__)
 
 
@@ -74,7 +112,7 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(LeylineError, _leyline_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
-    for bad_input in (ValueError, IndexError, OverflowError):
+    for bad_input in (ValueError, IndexError, OverflowError, RecursionError):
         app.add_exception_handler(bad_input, _bad_input)
     app.add_exception_handler(Exception, _internal_error)
 

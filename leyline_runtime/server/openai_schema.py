@@ -13,10 +13,10 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from leyline_sdk.protocol import (
-    MAX_ID_LENGTH,
     DirectiveOutcome,
     Message,
     Mode,
+    SessionId,
     TokenLogprob,
     ToolCall,
 )
@@ -139,8 +139,8 @@ class ChatCompletionRequest(DecodingFields):
 
     messages: list[Message] = Field(min_length=1)
     model: str | None = None
-    session_id: str | None = Field(
-        default=None, min_length=1, max_length=MAX_ID_LENGTH,
+    session_id: SessionId | None = Field(
+        default=None,
         description="Bind the request to a session (also: header X-Leyline-Session). The runtime diffs "
                     "`messages` against the session's history and applies the edits as directives.")
     leyline: LeylineOptions | None = None
@@ -214,6 +214,9 @@ class LeylineReport(BaseModel):
 
     session_id: str | None = Field(description="The bound session; null for a stateless request")
     version: int | None = Field(description="The session's version after the completion")
+    versions: list[int] = Field(default_factory=list,
+                                description="Every session version this request produced, in order (its edits, "
+                                            "its appended messages, the reply); empty for a stateless request")
     rebuilt: bool = Field(description="The session did not exist (new or evicted) and was built from the request")
     directives_applied: int = 0
     outcomes: list[DirectiveOutcome] = Field(default_factory=list)
@@ -259,3 +262,6 @@ class ModelList(BaseModel):
 class Health(BaseModel):
     status: Literal["ok"] = "ok"
     model: str
+    durability: Literal["memory", "snapshot"] = Field(
+        description="`memory`: sessions are a cache and a restart loses them; `snapshot`: their message "
+                    "histories are saved on shutdown and prefilled again at start (`--state-dir`)")

@@ -5,6 +5,7 @@ Errors here are in OpenAI's shape with 400 for invalid requests (:mod:`.openai_e
 
 from __future__ import annotations
 
+import re
 from functools import partial
 from typing import Annotated
 
@@ -12,19 +13,25 @@ from fastapi import APIRouter, Header, Request
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from leyline_sdk.protocol import MAX_ID_LENGTH
+from leyline_sdk.protocol import MAX_ID_LENGTH, SESSION_ID_PATTERN
 
 from ..runtime import Runtime
 from .chat import ChatService
 from .completion import CompletionIds, completion
+from .json_body import OrjsonRoute
 from .openai_errors import OpenAIError, OpenAIRoute, openai_error_responses
 from .openai_schema import ChatCompletion, ChatCompletionRequest, ModelCard, ModelList
 from .prompt import stop_strings
-from .routes_sessions import RuntimeDep, Tenant
+from .routes_sessions import RuntimeDep, Tenant, check_limits
 from .sse import stream_chat
 from .streaming import DeltaDecoder
 
-router = APIRouter(prefix="/v1", tags=["openai"], route_class=OpenAIRoute)
+
+class _Route(OpenAIRoute, OrjsonRoute):
+    """Bodies parsed with orjson; every error answered in OpenAI's shape."""
+
+
+router = APIRouter(prefix="/v1", tags=["openai"], route_class=_Route)
 
 SESSION_HEADER = "X-Leyline-Session"
 
@@ -35,8 +42,9 @@ _STREAM_DOC = {"text/event-stream": {"schema": {"type": "string"},
 def _bound_session(body: ChatCompletionRequest, header: str | None) -> str | None:
     if body.session_id is not None or not header:
         return body.session_id
-    if len(header) > MAX_ID_LENGTH:
-        raise OpenAIError(f"{SESSION_HEADER} is longer than {MAX_ID_LENGTH} characters", param=SESSION_HEADER,
+    if not re.fullmatch(SESSION_ID_PATTERN, header):
+        raise OpenAIError(f"{SESSION_HEADER}: a session id is 1-{MAX_ID_LENGTH} characters of "
+                          "A-Z a-z 0-9 . _ : @ -, starting with a letter or digit", param=SESSION_HEADER,
                           code="invalid_request")
     return header
 
@@ -61,6 +69,7 @@ async def chat_completions(
     runtime: Runtime = request.app.state.runtime
     _check_model(body, runtime.config.model_name)
     session_id = _bound_session(body, x_leyline_session)
+    check_limits(request, body.messages)
     ids = CompletionIds(runtime.config.model_name)
     run = partial(service.complete, body, tenant, session_id)
     if not body.stream:

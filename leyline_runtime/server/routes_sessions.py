@@ -1,24 +1,32 @@
 """Leyline-native endpoints: sessions, appends, generation, directive batches.
 
-Every runtime call runs in a worker thread (the runtime serialises them with
-its own lock), so the event loop stays free while the engine works.
+Every runtime call runs in a worker thread (it waits there for its session
+and for the engine's batched steps), so the event loop stays free while the
+engine works. Calls that change a session also hold that session's lock,
+shared with the chat service, so a chat turn's steps never interleave with
+another request on its session. Request limits are checked first: a refused
+request never reaches the runtime.
 """
 
 from __future__ import annotations
 
-from typing import Annotated
+from collections.abc import Callable
+from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 
+from leyline_sdk.errors import RequestTooLarge
 from leyline_sdk.protocol import (
     MAX_ID_LENGTH,
+    SESSION_ID_PATTERN,
     AppendRequest,
     AppendResult,
     DirectiveBatch,
     DirectiveResult,
     GenerateRequest,
     GenerateResponse,
+    Message,
     SessionCreate,
     SessionInfo,
     SessionList,
@@ -29,8 +37,11 @@ from ..runtime import Runtime
 from .auth import current_tenant
 from .constraints import native_processors
 from .errors import error_responses
+from .json_body import OrjsonRoute
+from .limits import check_messages, check_text
 
-router = APIRouter(tags=["sessions"])
+T = TypeVar("T")
+router = APIRouter(tags=["sessions"], route_class=OrjsonRoute)
 
 
 def runtime_of(request: Request) -> Runtime:
@@ -44,13 +55,34 @@ def metrics_of(request: Request) -> ServiceMetrics:
 RuntimeDep = Annotated[Runtime, Depends(runtime_of)]
 MetricsDep = Annotated[ServiceMetrics, Depends(metrics_of)]
 Tenant = Annotated[str, Depends(current_tenant)]
-SessionId = Annotated[str, Path(min_length=1, max_length=MAX_ID_LENGTH, description="The session's id")]
+SessionId = Annotated[str, Path(min_length=1, max_length=MAX_ID_LENGTH, pattern=SESSION_ID_PATTERN,
+                                 description="The session's id")]
+BODY_ERRORS = (400, 408, 413)
 
 
-@router.post("/sessions", status_code=201, response_model=SessionInfo, responses=error_responses(413),
+def check_limits(request: Request, messages: list[Message], where: str = "messages") -> None:
+    runtime: Runtime = request.app.state.runtime
+    check_messages(request.app.state.limits, runtime.tokenizer, runtime.max_request_tokens, messages, where)
+
+
+async def on_session(request: Request, tenant: str, session_id: str, fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` in a worker thread, holding the session's lock."""
+    locks = request.app.state.chat.session_locks
+
+    def run() -> T:
+        with locks.hold((tenant, session_id)):
+            return fn(*args)
+
+    return await run_in_threadpool(run)
+
+
+@router.post("/sessions", status_code=201, response_model=SessionInfo, responses=error_responses(*BODY_ERRORS),
              summary="Create a session (optionally with messages, prefilled now)")
-async def create_session(body: SessionCreate, runtime: RuntimeDep, tenant: Tenant) -> SessionInfo:
-    return await run_in_threadpool(runtime.create_session, body, tenant)
+async def create_session(body: SessionCreate, request: Request, runtime: RuntimeDep, tenant: Tenant) -> SessionInfo:
+    check_limits(request, body.messages)
+    if body.session_id is None:
+        return await run_in_threadpool(runtime.create_session, body, tenant)
+    return await on_session(request, tenant, body.session_id, runtime.create_session, body, tenant)
 
 
 @router.get("/sessions", response_model=SessionList, responses=error_responses(),
@@ -70,34 +102,54 @@ async def get_session(
 
 @router.delete("/sessions/{session_id}", status_code=204, response_class=Response,
                responses=error_responses(404), summary="Drop a session and free its cache blocks")
-async def delete_session(session_id: SessionId, runtime: RuntimeDep, tenant: Tenant) -> Response:
-    await run_in_threadpool(runtime.delete_session, session_id, tenant)
+async def delete_session(session_id: SessionId, request: Request, runtime: RuntimeDep, tenant: Tenant) -> Response:
+    await on_session(request, tenant, session_id, runtime.delete_session, session_id, tenant)
     return Response(status_code=204)
 
 
 @router.post("/sessions/{session_id}/messages", response_model=AppendResult,
-             responses=error_responses(404, 409, 413), summary="Append messages (prefills only them)")
-async def append_messages(body: AppendRequest, session_id: SessionId,
+             responses=error_responses(404, 409, *BODY_ERRORS), summary="Append messages (prefills only them)")
+async def append_messages(body: AppendRequest, session_id: SessionId, request: Request,
                           runtime: RuntimeDep, tenant: Tenant) -> AppendResult:
-    return await run_in_threadpool(runtime.append, session_id, body.messages, tenant, body.expected_version)
+    check_limits(request, body.messages)
+    return await on_session(request, tenant, session_id, runtime.append, session_id, body.messages, tenant,
+                            body.expected_version)
 
 
 @router.post("/sessions/{session_id}/generate", response_model=GenerateResponse,
-             responses=error_responses(404, 409, 413),
+             responses=error_responses(404, 409, *BODY_ERRORS),
              summary="Optionally append messages, then generate an assistant message (appended too)")
-async def generate(body: GenerateRequest, session_id: SessionId, runtime: RuntimeDep, metrics: MetricsDep,
-                   tenant: Tenant, request: Request) -> GenerateResponse:
+async def generate(body: GenerateRequest, session_id: SessionId, request: Request, runtime: RuntimeDep,
+                   metrics: MetricsDep, tenant: Tenant) -> GenerateResponse:
+    check_limits(request, body.messages)
     processors = native_processors(body, runtime.tokenizer, request.app.state.chat.grammars)
-    result = await run_in_threadpool(runtime.generate, session_id, body, tenant, None, processors)
-    metrics.observe_generation("generate", result.finish_reason, result.usage.completion_tokens)
+    result = await on_session(request, tenant, session_id, runtime.generate, session_id, body, tenant, None,
+                              processors)
+    metrics.observe_generation("generate", result.finish_reason, result.usage.completion_tokens, tenant)
     return result
 
 
 @router.post("/directives", response_model=DirectiveResult, tags=["directives"],
-             responses=error_responses(404, 409, 413),
+             responses=error_responses(404, 409, *BODY_ERRORS),
              summary="Apply one atomic batch of directives to a session")
-async def apply_directives(body: DirectiveBatch, runtime: RuntimeDep, metrics: MetricsDep,
+async def apply_directives(body: DirectiveBatch, request: Request, runtime: RuntimeDep, metrics: MetricsDep,
                            tenant: Tenant) -> DirectiveResult:
-    result = await run_in_threadpool(runtime.apply, body, tenant)
-    metrics.observe_directives(result)
+    check_directive_limits(request, body)
+    result = await on_session(request, tenant, body.session_id, runtime.apply, body, tenant)
+    metrics.observe_directives(result, tenant)
     return result
+
+
+def check_directive_limits(request: Request, batch: DirectiveBatch) -> None:
+    runtime: Runtime = request.app.state.runtime
+    messages = [m for d in batch.directives if isinstance(d.replacement, list) for m in d.replacement
+                if isinstance(m, Message)]
+    check_limits(request, messages, "directives.replacement")
+    texts = [d.replacement for d in batch.directives if isinstance(d.replacement, str)]
+    check_text(request.app.state.limits, runtime.tokenizer, runtime.max_request_tokens, texts,
+               "directives.replacement")
+    ids = sum(len(d.replacement) for d in batch.directives
+              if isinstance(d.replacement, list) and d.replacement and isinstance(d.replacement[0], int))
+    if ids > runtime.max_request_tokens:
+        raise RequestTooLarge(f"directives.replacement: {ids} token ids; this server takes at most "
+                              f"{runtime.max_request_tokens} new tokens per request (--max-request-tokens)")

@@ -1,7 +1,8 @@
 """Server-sent events for a streaming chat completion.
 
-The chat turn runs in a worker thread; the engine's ``on_token`` hook hands
-each sampled token to the event loop through a queue. The response only
+The chat turn runs in a worker thread; the engine's ``on_token`` hook turns
+each sampled token into safe text there (tokenizer work stays off the event
+loop) and hands it to the event loop through a queue. The response only
 starts once the first token (or an error) is in: an error before any token
 (unknown session, version conflict, cache too small) is an ordinary HTTP
 error, not a 200 stream. An error after that is sent as an event. When the
@@ -25,7 +26,7 @@ from .completion import CompletionIds
 from .openai_errors import error_body
 from .streaming import DeltaDecoder
 
-Item = tuple[str, Any]  # ("token", id) | ("done", ChatTurn) | ("error", exception)
+Item = tuple[str, Any]  # ("delta", text) | ("done", ChatTurn) | ("error", exception)
 
 
 class GenerationCancelled(Exception):
@@ -46,7 +47,7 @@ async def stream_chat(run: Callable[[OnToken], ChatTurn], decoder: DeltaDecoder,
     def on_token(token: int) -> None:  # worker thread
         if cancel.is_set():
             raise GenerationCancelled()
-        loop.call_soon_threadsafe(queue.put_nowait, ("token", token))
+        loop.call_soon_threadsafe(queue.put_nowait, ("delta", decoder.push(token)))
 
     async def work() -> None:
         try:
@@ -72,10 +73,9 @@ async def _events(first: Item, queue: asyncio.Queue[Item], task: asyncio.Task, c
     try:
         yield sse(out.chunk(ids, {"role": "assistant", "content": ""}))
         item = first
-        while item[0] == "token":
-            delta = decoder.push(item[1])
-            if delta:
-                yield sse(out.chunk(ids, {"content": delta}))
+        while item[0] == "delta":
+            if item[1]:
+                yield sse(out.chunk(ids, {"content": item[1]}))
             item = await queue.get()
         if item[0] == "error":
             yield sse(error_body(item[1])[1])

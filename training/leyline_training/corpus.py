@@ -128,26 +128,17 @@ def rendered_documents(n_transcripts: int, stdlib_chars: int, seed: int = 0) -> 
         yield render_transcript(make_transcript(1_000_000_000 + seed * 100_000 + i, "train").messages)
 
 
-def corpus_text(documents: list[str]) -> str:
-    return tpl.END_OF_TEXT.join(documents)
-
-
 # --------------------------------------------------------------------------- tokenisation
 
 
 def transcript_tokens(tok: ChatTokenizer, messages: list[Message]) -> tuple[list[int], list[int]]:
     """Ids and loss classes; ids are exactly ``sum(tok.encode_messages(messages), [])``."""
-    bodies = tok.tokenizer.encode_batch([tpl.render_body(m) for m in messages], add_special_tokens=False)
     ids: list[int] = []
     cls: list[int] = []
-    for m, enc in zip(messages, bodies):
+    for m, message_ids in zip(messages, tok.encode_messages(messages)):
         body_cls = CLS_ASSISTANT if m.role == "assistant" else CLS_CONTEXT
-        ids.append(tok.role_ids[m.role])
-        cls.append(CLS_CONTEXT)
-        ids.extend(enc.ids)
-        cls.extend([body_cls] * len(enc.ids))
-        ids.append(tok.end_id)
-        cls.append(body_cls)
+        ids.extend(message_ids)
+        cls.extend([CLS_CONTEXT] + [body_cls] * (len(message_ids) - 1))  # header, body, end marker
     return ids, cls
 
 

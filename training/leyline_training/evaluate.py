@@ -38,6 +38,7 @@ from leyline_sdk.protocol import Message
 
 from leyline_runtime import chat_template as tpl
 from leyline_runtime.tokenizer import ChatTokenizer
+from .cli import EVALUATE_HELP, add_evaluate_arguments
 from .corpus import CLS_ASSISTANT, transcript_tokens
 from .tools import execute, validate_call
 from .transcripts import Task, make_task, make_transcript
@@ -227,29 +228,10 @@ class RuntimeGenerator:
 # --------------------------------------------------------------------------- CLI
 
 
-DESCRIPTION = ("Held-out perplexity (vs the seeded random model) and agent-loop evaluation on test-split "
-               "synthetic tasks through the runtime.")
-
-
 def main(argv: list[str] | None = None) -> dict:
-    ap = argparse.ArgumentParser(prog="python -m leyline_training.evaluate", description=DESCRIPTION)
-    add_arguments(ap)
+    ap = argparse.ArgumentParser(prog="python -m leyline_training.evaluate", description=EVALUATE_HELP)
+    add_evaluate_arguments(ap)
     return run(ap.parse_args(argv))
-
-
-def add_arguments(ap: argparse.ArgumentParser) -> None:
-    """The evaluator's flags (shared by ``leyline-runtime evaluate``)."""
-    ap.add_argument("--model", default="default", help="model folder, or 'default' for the embedded model")
-    ap.add_argument("--tasks", type=int, default=200, help="held-out tasks for the agent loop (0: skip)")
-    ap.add_argument("--start", type=int, default=0, help="first test seed")
-    ap.add_argument("--max-turns", type=int, default=8)
-    ap.add_argument("--max-tokens", type=int, default=256, help="per assistant turn")
-    ap.add_argument("--ppl-transcripts", type=int, default=64, help="test transcripts for perplexity (0: skip)")
-    ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--records", action="store_true", help="keep per-task records in the JSON")
-    ap.add_argument("--constrained", action="store_true",
-                    help="decode with the chat route's grammar (only offered tools, schema-valid arguments)")
-    ap.add_argument("--out", default=None, help="write the JSON here (default: stdout only)")
 
 
 def run(args: argparse.Namespace) -> dict:

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from leyline_sdk.protocol import FunctionCall, Message, ToolCall
 from leyline_runtime import chat_template as tpl
 from leyline_runtime.model.default import DEFAULT_MODEL_DIR
 from leyline_runtime.tokenizer import ChatTokenizer
@@ -64,8 +65,9 @@ def check_tokenizer(tokenizer: Tokenizer) -> dict:
                "   leading and trailing   ", "<|end|> literal specials <|tool_call|>", "\x00\x7f\u200b"]
     for text in samples:
         assert tok.decode(tok.encode(text)) == text, repr(text)
-    call = '<|tool_call|>{"name": "kv_get", "arguments": {"key": "orchard.timeout_ms"}}<|end_tool_call|>'
-    ids = tok.encode(call)
+    call = Message(role="assistant", tool_calls=[ToolCall(id="c", function=FunctionCall(
+        name="kv_get", arguments='{"key": "orchard.timeout_ms"}'))])
+    ids = tok.encode_message(call)[1:-1]  # without role header and end marker
     assert ids[0] == tok.token_id(tpl.TOOL_CALL) and ids[-1] == tok.token_id(tpl.END_TOOL_CALL)
     return {"vocab_size": tokenizer.get_vocab_size(), "tool_call_tokens": len(ids),
             "tool_call_pieces": [tok.token_text(i) for i in ids]}

@@ -13,8 +13,8 @@
   cosine decay driven by the *fraction of the time budget used*, so the LR
   reaches its floor exactly when the budget runs out. ``--max-steps`` adds a
   step-based budget (whichever ends first).
-* Precision: fp32 weights; ``--dtype bf16`` runs forward/backward under CPU
-  bf16 autocast. ``auto`` (default) picks bf16 where the CPU has native bf16
+* Precision: fp32 weights; ``--dtype bfloat16`` runs forward/backward under CPU
+  bf16 autocast. ``auto`` (default) picks bfloat16 where the CPU has native bf16
   matmul (AVX512-BF16 / AMX) and fp32 elsewhere (AVX2-only CPUs emulate bf16
   matmuls several times slower than fp32).
 * Checkpoints ``out/checkpoint.pt`` (model, optimiser, step, data position,
@@ -44,6 +44,7 @@ from leyline_runtime.model.config import config_from_dict
 from leyline_runtime.model.deepseek import DeepseekForCausalLM
 from leyline_runtime.model.default import DEFAULT_MODEL_DIR
 from leyline_runtime.tokenizer import ChatTokenizer
+from .cli import add_train_arguments
 from .corpus import Packer, loss_weights
 from .evaluate import heldout_loss
 
@@ -142,8 +143,8 @@ def train(out_dir: str | Path, *, minutes: float = 70.0, seq_len: int = 2048, ba
     if threads:
         torch.set_num_threads(threads)
     if dtype == "auto":
-        dtype = "bf16" if native_bf16() else "fp32"
-    autocast_dtype = {"bf16": torch.bfloat16, "fp32": None}[dtype]
+        dtype = "bfloat16" if native_bf16() else "float32"
+    autocast_dtype = {"bfloat16": torch.bfloat16, "float32": None}[dtype]
     tok = ChatTokenizer.from_file(tokenizer)
     phases = parse_curriculum(curriculum, seq_len)
     budget_s = minutes * 60.0
@@ -268,37 +269,8 @@ def train(out_dir: str | Path, *, minutes: float = 70.0, seq_len: int = 2048, ba
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m leyline_training.train", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(ap)
+    add_train_arguments(ap)
     return ap
-
-
-def add_arguments(ap: argparse.ArgumentParser) -> None:
-    """The trainer's flags (shared by ``leyline-runtime train``)."""
-    ap.add_argument("--out", required=True, help="run folder (checkpoint.pt, model/)")
-    ap.add_argument("--minutes", type=float, default=70.0, help="time budget; the LR decays to it")
-    ap.add_argument("--seq-len", type=int, default=2048)
-    ap.add_argument("--batch", type=int, default=1,
-                    help="rows of --seq-len per micro-batch (shorter curriculum phases take proportionally more rows)")
-    ap.add_argument("--accum", type=int, default=1, help="micro-batches per optimiser step")
-    ap.add_argument("--lr", type=float, default=2e-3)
-    ap.add_argument("--min-lr-ratio", type=float, default=0.05)
-    ap.add_argument("--warmup-steps", type=int, default=60)
-    ap.add_argument("--weight-decay", type=float, default=0.1)
-    ap.add_argument("--grad-clip", type=float, default=1.0)
-    ap.add_argument("--dtype", choices=["auto", "bf16", "fp32"], default="auto")
-    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
-    ap.add_argument("--assistant-weight", type=float, default=2.0, help="loss weight of assistant tokens")
-    ap.add_argument("--transcript-share", type=float, default=0.7, help="transcript fraction of the tokens")
-    ap.add_argument("--curriculum", default="1024:0.4",
-                    help="shorter rows first: LEN:FRACTION[,...] of the budget, then --seq-len ('' = none)")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--checkpoint-minutes", type=float, default=5.0)
-    ap.add_argument("--no-resume", action="store_true", help="ignore an existing checkpoint")
-    ap.add_argument("--log-every", type=int, default=10)
-    ap.add_argument("--max-steps", type=int, default=None)
-    ap.add_argument("--tokenizer", default=str(DEFAULT_TOKENIZER))
-    ap.add_argument("--export", default=None, help="also copy the final folder's files here")
-    ap.add_argument("--eval-transcripts", type=int, default=32, help="held-out transcripts scored at the end")
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -312,7 +284,7 @@ def run(args: argparse.Namespace) -> dict:
                  threads=args.threads, assistant_weight=args.assistant_weight,
                  transcript_share=args.transcript_share, curriculum=args.curriculum, seed=args.seed,
                  checkpoint_minutes=args.checkpoint_minutes, resume=not args.no_resume,
-                 log_every=args.log_every, max_steps=args.max_steps, tokenizer=args.tokenizer,
+                 log_every=args.log_every, max_steps=args.max_steps, tokenizer=args.tokenizer or DEFAULT_TOKENIZER,
                  export=args.export, eval_transcripts=args.eval_transcripts)
 
 

@@ -611,8 +611,3 @@ def make_task(seed: int, split: str = "test", kind: str | None = None) -> Task:
     return make_transcript(seed, split, kind).task
 
 
-def iter_transcripts(split: str = "train", start: int = 0, count: int | None = None):
-    seed = start
-    while count is None or seed < start + count:
-        yield make_transcript(seed, split)
-        seed += 1

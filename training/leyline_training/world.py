@@ -63,15 +63,8 @@ class World:
     modules: dict[str, Module] = field(default_factory=dict)
     package: str = ""
 
-    def module_by_name(self, name: str) -> Module:
-        return self.modules[name]
-
 
 # --------------------------------------------------------------------------- helpers
-
-
-def _pick_nouns(rng: random.Random, split: str, k: int) -> list[str]:
-    return rng.sample(N.nouns(split), k)
 
 
 def _funcs_namespace() -> dict:
@@ -164,13 +157,6 @@ def _make_function(rng: random.Random, name: str, noun: str) -> Function:
         f"Helper used by the {noun} pipeline.",
     ])
     return Function(name=name, params=(p, q), lines=list(body), correct=list(body), doc=doc)
-
-
-def _result_or_error(fn: Function, args, body):
-    try:
-        return ("ok", call_function(fn, args, body))
-    except Exception as exc:  # noqa: BLE001 -- the generated code's own failure
-        return ("error", f"{type(exc).__name__}: {exc}")
 
 
 def _make_module(rng: random.Random, split: str, package: str, noun: str, suffix: str,

@@ -1,0 +1,239 @@
+"""``leyline-bench fidelity --policies amortize,forget,forget-every-5,auto``: cost vs drift per policy.
+
+Every policy gets its own session of the same history and the same edits:
+
+* ``amortize`` / ``forget`` / ``auto`` — every directive in that mode (``auto``: the runtime's
+  choice, with its drift budget);
+* ``forget-every-N`` — amortize, but every N-th edit is a forget and then re-prefills from the
+  earliest position an earlier amortized edit touched (the session is exact again).
+
+The reference R is the ``forget`` session: keep the untouched prefix, prefill the rest — an
+honest prefill of the edited history (its prefix rows are the earlier honest prefill's rows of
+the same tokens). At the end of every session a fresh prefill of the final history checks that
+claim (``forget_vs_fresh``).
+
+Measured per policy: rows recomputed (directive replacements, forgets, repairs) as a share of
+forget's, plus the ``auto`` signal's cost (one layer per measured position, as token
+equivalents ``signal_tokens / num_layers``); the *next turn* — after each edit the next tool
+round and an assistant header are prefilled onto every session and each position's
+next-token distribution is compared with R's (JSD in nats, top-1 agreement); the *whole
+suffix* — after the last edit every token from the first edited position on is re-queried
+through all layers against each session's cached rows (positions ≤ its own) and compared
+with R's.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+
+import torch
+
+from leyline_sdk.protocol import Directive, DirectiveBatch, Message, SessionCreate
+
+from leyline_runtime.auto_mode import AutoConfig
+from leyline_runtime.drift import DriftState
+from leyline_runtime.kv_cache import BlockTable
+from leyline_runtime.model.batch import BatchLayout, _clip
+from leyline_runtime.runtime import Runtime
+from .edit_sessions import EditSession
+
+TENANT = "__policies__"
+EVERY = re.compile(r"forget-every-(\d+)$")
+
+
+def check_policies(names: list[str]) -> list[str]:
+    for name in names:
+        if name not in ("amortize", "forget", "auto") and not EVERY.match(name):
+            raise ValueError(f"unknown policy {name!r} (amortize, forget, auto or forget-every-N)")
+    if "forget" not in names:
+        names = [*names, "forget"]  # the reference and the cost unit
+    return names
+
+
+@dataclass
+class Arm:
+    policy: str
+    session_id: str
+    recomputed: int = 0
+    signal_tokens: int = 0
+    choices: Counter = field(default_factory=Counter)
+    signals: list[float] = field(default_factory=list)
+    next_jsd: list[float] = field(default_factory=list)
+    next_top1: list[bool] = field(default_factory=list)
+    probe_jsd: list[float] = field(default_factory=list)  # the assistant-header position of each turn
+    probe_top1: list[bool] = field(default_factory=list)
+    suffix_jsd: list[float] = field(default_factory=list)
+    suffix_top1: list[bool] = field(default_factory=list)
+    first_change: int = 0  # where the last batch's first edit began
+
+    def mode(self, step: int) -> str:
+        every = EVERY.match(self.policy)
+        if every:
+            return "forget" if (step + 1) % int(every.group(1)) == 0 else "amortize"
+        return self.policy
+
+
+# --- scoring ----------------------------------------------------------------------------------
+
+
+def jsd_rows(p_logits: torch.Tensor, q_logits: torch.Tensor, chunk: int = 256) -> torch.Tensor:
+    """Per-row Jensen-Shannon divergence (nats) between two [T, vocab] logit tensors."""
+    out = []
+    for s in range(0, p_logits.shape[0], chunk):
+        lp = torch.log_softmax(p_logits[s:s + chunk].double(), -1)
+        lq = torch.log_softmax(q_logits[s:s + chunk].double(), -1)
+        m = torch.logaddexp(lp, lq) - math.log(2.0)
+        out.append(0.5 * (lp.exp() * (lp - m)).sum(-1) + 0.5 * (lq.exp() * (lq - m)).sum(-1))
+    return torch.cat(out).clamp_min(0.0)
+
+
+def _session(rt: Runtime, session_id: str):
+    return rt._get(TENANT, session_id)
+
+
+def append_scored(rt: Runtime, session_id: str, messages: list[Message]) -> torch.Tensor:
+    """Append ``messages`` to the session; logits of every appended position and of an assistant
+    header after them ([T + 1, vocab]). The header is not kept."""
+    with rt._lock:
+        s = _session(rt, session_id)
+        toks = rt.tokenizer.encode_messages(messages)
+        flat = [t for m in toks for t in m] + [rt.tokenizer.role_ids["assistant"]]
+        start = s.num_tokens
+        rt._grow(s, start + len(flat))
+        logits = rt.engine.prefill(s.table, flat, start, logits="all")
+        rt._shrink(s, rt.pool.blocks_for(start + len(flat) - 1))
+        s.messages.extend(messages)
+        s.message_tokens.extend(toks)
+        s.version += 1
+        return logits
+
+
+def suffix_logits(rt: Runtime, session_id: str, start: int) -> torch.Tensor:
+    """Logits of positions ``start..`` re-queried through every layer against the session's rows
+    (each position, as a decode step, sees the cached rows of the positions before it and its own
+    fresh row); the cache is not written: the fresh rows go to scratch blocks."""
+    with rt._lock:
+        s = _session(rt, session_id)
+        n, model, pool = s.num_tokens, rt.model, rt.pool
+        scratch = pool.allocate(pool.blocks_for(n - start))
+        try:
+            cached = s.table.extents(n)
+            own = BlockTable(pool.block_size, scratch).rows(0, n - start).tolist()
+            ids = torch.tensor(s.tokens[start:], dtype=torch.long, device=rt.engine.device)
+            outs = []
+            for a in range(0, n - start, rt.engine.prefill_chunk):
+                b = min(a + rt.engine.prefill_chunk, n - start)
+                steps = [(start + i, 1, _clip(cached, start + i) + [(own[i], 1)]) for i in range(a, b)]
+                layout = BatchLayout.build(steps, list(range(b - a)), rt.engine.device)
+                outs.append(model.forward_batch(ids[a:b], pool.rows, layout))
+            return torch.cat(outs)
+        finally:
+            pool.free(scratch)
+
+
+# --- running one session under every policy ---------------------------------------------------
+
+
+def _apply(rt: Runtime, arm: Arm, step: int, directives: list[Directive]) -> None:
+    s = _session(rt, arm.session_id)
+    before = s.counters.recomputed_tokens
+    mode = arm.mode(step)
+    batch = [d.model_copy(update={"mode": mode}) for d in directives]
+    result = rt.apply(DirectiveBatch(session_id=arm.session_id, directives=batch), TENANT)
+    arm.recomputed += s.counters.recomputed_tokens - before
+    arm.first_change = min(o.token_start for o in result.outcomes)
+    for o in result.outcomes:
+        if o.auto is not None:
+            arm.signal_tokens += o.auto.signal_tokens
+            arm.choices[o.auto.choice + ("+budget" if o.auto.drift_repair_tokens else "")] += 1
+            if o.auto.layer1_change is not None:
+                arm.signals.append(o.auto.layer1_change)
+    if EVERY.match(arm.policy) and mode == "forget":
+        arm.recomputed += _repair(rt, arm.session_id)
+
+
+def _repair(rt: Runtime, session_id: str) -> int:
+    """Re-prefill from the earliest position an amortized edit touched; returns the rows."""
+    with rt._lock:
+        s = _session(rt, session_id)
+        start = s.drift.earliest
+        if start is None:
+            return 0
+        rt.executor.recompute(s, start, s.num_tokens)
+        s.drift = DriftState(budget=s.drift.budget)
+        return s.num_tokens - start
+
+
+def run_session(rt: Runtime, session: EditSession, policies: list[str], whole_suffix: bool = True) -> dict:
+    arms = {p: Arm(p, rt.create_session(SessionCreate(messages=session.history), TENANT).session_id)
+            for p in policies}
+    ref = arms["forget"]
+    first_edit = None
+    try:
+        for k, step in enumerate(session.steps):
+            for arm in arms.values():
+                _apply(rt, arm, k, step.directives)
+            # positions before the earliest edit so far never changed, in any session
+            first_edit = ref.first_change if first_edit is None else min(first_edit, ref.first_change)
+            logits = {p: append_scored(rt, a.session_id, step.next_turn) for p, a in arms.items()}
+            for p, arm in arms.items():
+                j = jsd_rows(logits["forget"], logits[p])
+                arm.next_jsd += j.tolist()
+                top1 = (logits["forget"].argmax(-1) == logits[p].argmax(-1)).tolist()
+                arm.probe_jsd.append(float(j[-1]))
+                arm.probe_top1.append(top1[-1])
+                arm.next_top1 += top1
+        check = _check_reference(rt, ref, first_edit, whole_suffix)
+        if whole_suffix:
+            ref_logits = check.pop("logits")
+            for p, arm in arms.items():
+                logits = ref_logits if p == "forget" else suffix_logits(rt, arm.session_id, first_edit)
+                arm.suffix_jsd = jsd_rows(ref_logits, logits).tolist()
+                arm.suffix_top1 = (ref_logits.argmax(-1) == logits.argmax(-1)).tolist()
+        tokens = _session(rt, ref.session_id).num_tokens
+    finally:
+        for arm in arms.values():
+            if rt.has_session(arm.session_id, TENANT):
+                rt.delete_session(arm.session_id, TENANT)
+    return {"name": session.name, "edits": len(session.steps), "kinds": dict(Counter(s.kind for s in session.steps)),
+            "final_tokens": tokens, "first_edit": first_edit, "forget_vs_fresh": check,
+            "arms": {p: _arm_record(a) for p, a in arms.items()}}
+
+
+def _check_reference(rt: Runtime, ref: Arm, first_edit: int, whole_suffix: bool) -> dict:
+    """A fresh prefill of the final history against the forget session (R)."""
+    messages, _ = rt.session_messages(ref.session_id, TENANT)
+    fresh = rt.create_session(SessionCreate(messages=messages), TENANT).session_id
+    try:
+        a = suffix_logits(rt, ref.session_id, first_edit)
+        b = suffix_logits(rt, fresh, first_edit)
+    finally:
+        rt.delete_session(fresh, TENANT)
+    j = jsd_rows(b, a)
+    out = {"max_jsd": float(j.max()), "top1": float((a.argmax(-1) == b.argmax(-1)).float().mean())}
+    if whole_suffix:
+        out["logits"] = b
+    return out
+
+
+def _arm_record(a: Arm) -> dict:
+    return {"policy": a.policy, "recomputed": a.recomputed, "signal_tokens": a.signal_tokens,
+            "choices": dict(a.choices), "signals": a.signals, "next_jsd": a.next_jsd, "next_top1": a.next_top1,
+            "probe_jsd": a.probe_jsd, "probe_top1": a.probe_top1, "suffix_jsd": a.suffix_jsd, "suffix_top1": a.suffix_top1}
+
+
+def auto_config(args) -> AutoConfig:
+    base = AutoConfig()
+    budget = args.drift_budget if args.drift_budget is not None else base.drift_budget
+    return AutoConfig(forget_threshold=_pick(args.auto_forget_threshold, base.forget_threshold),
+                      repair_threshold=_pick(args.auto_repair_threshold, base.repair_threshold),
+                      repair_tail=_pick(args.auto_repair_tail, base.repair_tail),
+                      signal_window=base.signal_window,
+                      drift_budget=None if budget is not None and budget < 0 else budget)
+
+
+def _pick(value, default):
+    return default if value is None else value

@@ -1,0 +1,127 @@
+"""``leyline-bench prefill``: prompt prefill, Leyline's paged engine vs transformers on the same weights.
+
+Per dtype × context: a fresh prompt of random token ids, prefilled by
+
+* ``leyline`` — ``Engine.prefill`` into fresh cache blocks (the path every
+  session append, rebuild and ``forget`` re-prefill takes), last-token logits;
+* ``peer`` — transformers ``DeepseekV3ForCausalLM`` with a fresh ``DynamicCache``,
+  ``logits_to_keep=1``.
+
+Arms alternate per repetition (order rotated), so both see the same machine
+load. Contexts beyond the model's ``max_position_embeddings`` are timed with
+that limit raised (``--max-positions``) on both sides: RoPE needs no table.
+"""
+
+from __future__ import annotations
+
+import gc
+
+import torch
+
+from leyline_runtime.kv_cache import BlockTable, ensure_capacity
+from leyline_runtime.model import load_model
+from leyline_runtime.runtime import Runtime, RuntimeConfig
+from . import plots
+from .machine import runtime_info
+from .output import md_table, write_results
+from .peer import TransformersPeer, checkpoint_folder, scratch_dir
+from .stats import median, ratio, rotated, timed
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+ARMS = ("leyline", "peer")
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("prefill", help="prefill tokens/s: Leyline's engine vs transformers, same weights")
+    p.add_argument("--contexts", type=int, nargs="+", default=[512, 2048, 4096, 8192, 16384])
+    p.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], choices=list(DTYPES))
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--model", default=None, help="model folder (default: the embedded default model)")
+    p.add_argument("--max-positions", type=int, default=None,
+                   help="raise max_position_embeddings to this for the timing (default: max of --contexts)")
+    p.set_defaults(run=run, quick_overrides={"contexts": [256], "dtypes": ["float32"], "reps": 1})
+
+
+class PrefillArms:
+    def __init__(self, args, dtype: str, max_positions: int, scratch: str):
+        model = load_model(args.model, dtype=DTYPES[dtype])
+        model.config.max_position_embeddings = max(max_positions, model.config.max_position_embeddings)
+        self.runtime = Runtime(RuntimeConfig(model_path=args.model, dtype=dtype,
+                                             max_cache_tokens=max(args.contexts) + 64), model=model)
+        folder = checkpoint_folder(args.model, model, scratch)
+        self.peer = TransformersPeer(folder, DTYPES[dtype], max_position_embeddings=model.config.max_position_embeddings)
+
+    def measure(self, arm: str, ids: list[int]) -> float:
+        gc.collect()
+        if arm == "peer":
+            return timed(lambda: self.peer.prefill(ids))[0]
+        engine, pool = self.runtime.engine, self.runtime.pool
+        table = BlockTable(pool.block_size)
+        ensure_capacity(pool, table, len(ids))
+        try:
+            return timed(lambda: engine.prefill(table, ids, 0))[0]
+        finally:
+            pool.free(table.blocks)
+
+
+def _cells(arms: PrefillArms, dtype: str, args, log) -> list[dict]:
+    vocab = arms.runtime.model.config.vocab_size
+    cells = []
+    warm = [int(t) for t in torch.randint(0, vocab, (64,))]
+    for arm in ARMS:  # first calls pay one-time costs
+        arms.measure(arm, warm)
+    for n in args.contexts:
+        ids = torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(n)).tolist()
+        samples: dict[str, list[float]] = {arm: [] for arm in ARMS}
+        for r in range(args.reps):
+            for arm in rotated(ARMS, r):
+                samples[arm].append(arms.measure(arm, ids))
+        med = {arm: median(v) for arm, v in samples.items()}
+        cell = {"dtype": dtype, "context": n, "median_s": med,
+                "tokens_per_s": {arm: n / s for arm, s in med.items()},
+                "speedup_vs_peer": ratio(med["peer"], med["leyline"]), "samples_s": samples}
+        cells.append(cell)
+        log(f"prefill {dtype} ctx={n}: leyline {cell['tokens_per_s']['leyline']:.0f} tok/s, "
+            f"transformers {cell['tokens_per_s']['peer']:.0f} tok/s ({cell['speedup_vs_peer']:.2f}x)")
+    return cells
+
+
+def run(args, log=print) -> dict:
+    max_positions = args.max_positions or max(args.contexts)
+    cells, info = [], None
+    with scratch_dir() as scratch:
+        for dtype in args.dtypes:
+            arms = PrefillArms(args, dtype, max_positions, scratch)
+            info = runtime_info(arms.runtime)
+            cells += _cells(arms, dtype, args, log)
+            del arms
+    keys = ("contexts", "dtypes", "reps", "model")
+    result = {"benchmark": "prefill", "settings": {**{k: getattr(args, k) for k in keys},
+                                                   "max_positions": max_positions},
+              "runtime": info, "cells": cells,
+              "notes": ["Arms interleaved per repetition (order rotated); times are medians in seconds.",
+                        "peer: transformers DeepseekV3ForCausalLM (sdpa attention), same weights, fresh DynamicCache.",
+                        "speedup = peer time / leyline time (> 1: Leyline is faster)."]}
+    payload = write_results(args.out, "prefill", result, "leyline-bench prefill", _markdown(cells))
+    _plot(args.out, cells)
+    return payload
+
+
+def _markdown(cells) -> str:
+    headers = ["dtype", "context", "leyline tok/s", "transformers tok/s", "leyline ms", "transformers ms", "speedup"]
+    rows = [[c["dtype"], c["context"], c["tokens_per_s"]["leyline"], c["tokens_per_s"]["peer"],
+             c["median_s"]["leyline"] * 1000, c["median_s"]["peer"] * 1000, c["speedup_vs_peer"]] for c in cells]
+    return md_table(headers, rows) + "\n\n![prefill throughput](prefill.png)\n"
+
+
+def _plot(out, cells) -> None:
+    if not cells:
+        return
+    contexts = sorted({c["context"] for c in cells})
+    series = {}
+    for dtype in sorted({c["dtype"] for c in cells}):
+        for arm, name in (("leyline", "leyline"), ("peer", "transformers")):
+            by_ctx = {c["context"]: c["tokens_per_s"][arm] for c in cells if c["dtype"] == dtype}
+            series[f"{name} {dtype}"] = [by_ctx.get(n) for n in contexts]
+    plots.lines(f"{out}/prefill.png", "prefill throughput (median)", contexts, series, "context (tokens)",
+                "tokens / s", logx=True)

@@ -1,0 +1,37 @@
+"""Leyline on vLLM: directives executed in vLLM's paged KV cache.
+
+Two vLLM plugins ship here:
+
+* ``register`` (entry point ``vllm.general_plugins: leyline``) registers
+  :class:`~leyline_vllm.connector.LeylineConnector`, the KV connector that
+  copies ``c_kv`` and rotates ``k_pe`` of saved session rows into the blocks
+  vLLM allocates for an edited prompt;
+* ``LeylineEndpoints`` (entry point ``vllm.endpoint_plugins: leyline``) gives
+  ``vllm serve`` Leyline's REST surface for sessions and directives, so the
+  unchanged ``leyline_sdk`` clients work against it.
+
+How to enable both: ``docs/vllm.md``. Imports leyline_sdk and leyline_kernels,
+never leyline_runtime.
+"""
+
+from __future__ import annotations
+
+CONNECTOR_NAME = "LeylineConnector"
+
+
+def register() -> None:
+    """``vllm.general_plugins`` hook: make ``LeylineConnector`` known to vLLM's factory."""
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+
+    if CONNECTOR_NAME not in KVConnectorFactory._registry:
+        KVConnectorFactory.register_connector(CONNECTOR_NAME, "leyline_vllm.connector", "LeylineConnector")
+
+
+def endpoint_plugin():
+    """``vllm.endpoint_plugins`` factory."""
+    from .endpoints import LeylineEndpoints
+
+    return LeylineEndpoints()
+
+
+__all__ = ["CONNECTOR_NAME", "endpoint_plugin", "register"]

@@ -1,0 +1,278 @@
+"""``vllm.endpoint_plugins`` entry: Leyline's REST surface for sessions on ``vllm serve``.
+
+Same paths and JSON as the bundled runtime (the SDK's protocol models), so
+``leyline_sdk.LeylineClient`` / ``LeylineMemory`` work unchanged:
+``/sessions`` (create, list, get, delete, ``/messages``, ``/generate``),
+``POST /directives``, ``GET /healthz``, and ``POST /v1/chat/completions``
+bound to a session (``session_id`` in the body or ``X-Leyline-Session``):
+the history is diffed against the session's (``leyline_sdk.diff.split_append``),
+the edits applied as one directive batch, then the reply generated, with
+``usage.prompt_tokens_details.cached_tokens`` and the ``leyline`` report.
+A chat request without a session goes to vLLM's own handler unchanged.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import json
+import os
+import time
+import uuid
+from typing import Any, Literal
+
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from fastapi.routing import APIRoute
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from leyline_sdk.errors import LeylineError, ValidationFailed
+from leyline_sdk.protocol import (
+    MAX_ID_LENGTH,
+    AppendRequest,
+    DirectiveBatch,
+    GenerateRequest,
+    Message,
+    Mode,
+    SessionCreate,
+    SessionList,
+)
+from leyline_sdk.tools_prompt import TOOL_CALL, tools_message
+
+from .service import LeylineService
+from .template import ChatRenderer
+
+SESSION_HEADER = "X-Leyline-Session"
+# Exposes a session's saved KV rows over HTTP: for the plugin's own tests and diagnostics only.
+DEBUG_ROUTES_ENV = "LEYLINE_VLLM_DEBUG_ROUTES"
+DEFAULT_MAX_TOKENS = 256
+
+
+class LeylineOptions(BaseModel):
+    mode: Mode = "amortize"
+
+
+class BoundChatRequest(BaseModel):
+    """The OpenAI chat fields a session-bound request honours (others are ignored)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    messages: list[Message] = Field(min_length=1)
+    session_id: str | None = Field(default=None, min_length=1, max_length=MAX_ID_LENGTH)
+    leyline: LeylineOptions | None = None
+    stream: bool = False
+    max_tokens: int | None = Field(default=None, ge=1, le=8192)
+    max_completion_tokens: int | None = Field(default=None, ge=1, le=8192)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    top_k: int | None = Field(default=None, ge=0)
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    n: int = Field(default=1, ge=1, le=1)
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    tools: list[dict[str, Any]] | None = Field(default=None, max_length=128)
+    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
+
+
+def _error(exc: LeylineError) -> JSONResponse:
+    return JSONResponse(exc.to_body(), status_code=exc.status_code or 500)
+
+
+def _parse(model: type[BaseModel], raw: Any) -> Any:
+    try:
+        return model.model_validate(raw)
+    except ValidationError as exc:
+        raise ValidationFailed(str(exc.errors(include_url=False, include_context=False))) from exc
+
+
+async def _body(request: Request) -> Any:
+    try:
+        return json.loads(await request.body() or b"null")
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValidationFailed(f"the body is not JSON: {exc}") from exc
+
+
+def _service(request: Request) -> LeylineService:
+    service = getattr(request.app.state, "leyline", None)
+    if service is None:
+        raise LeylineError("the Leyline plugin has no engine (render-only server)", code="unavailable",
+                           status_code=503)
+    return service
+
+
+def _check_id(sid: str) -> str:
+    if not sid or len(sid) > MAX_ID_LENGTH:
+        raise ValidationFailed(f"session ids are 1..{MAX_ID_LENGTH} characters")
+    return sid
+
+
+def build_router(original_chat: APIRoute | None) -> APIRouter:
+    router = APIRouter(tags=["leyline"])
+
+    def handle(fn):
+        @functools.wraps(fn)  # FastAPI reads the path parameters from fn's signature
+        async def wrapper(request: Request, **kwargs):
+            try:
+                return await fn(request, **kwargs)
+            except LeylineError as exc:
+                return _error(exc)
+        return wrapper
+
+    @router.post("/sessions", status_code=201, summary="Create a session (optionally with messages, prefilled now)")
+    @handle
+    async def create_session(request: Request):
+        body = _parse(SessionCreate, await _body(request) or {})
+        info = await _service(request).create(body)
+        return JSONResponse(info.model_dump(mode="json"), status_code=201)
+
+    @router.get("/sessions", summary="List sessions")
+    @handle
+    async def list_sessions(request: Request):
+        service = _service(request)
+        return SessionList(sessions=[service.info(s) for s in list(service.sessions.values())]).model_dump(mode="json")
+
+    @router.get("/sessions/{session_id}", summary="Inspect a session")
+    @handle
+    async def get_session(request: Request, session_id: str):
+        service = _service(request)
+        include = request.query_params.get("include_messages", "false").lower() in ("1", "true", "yes")
+        return service.info(service.get(_check_id(session_id)), include).model_dump(mode="json")
+
+    @router.delete("/sessions/{session_id}", status_code=204, summary="Drop a session and its saved rows")
+    @handle
+    async def delete_session(request: Request, session_id: str):
+        await _service(request).delete(_check_id(session_id))
+        return Response(status_code=204)
+
+    @router.post("/sessions/{session_id}/messages", summary="Append messages (prefills only them)")
+    @handle
+    async def append_messages(request: Request, session_id: str):
+        body = _parse(AppendRequest, await _body(request))
+        result = await _service(request).append(_check_id(session_id), body.messages, body.expected_version)
+        return result.model_dump(mode="json")
+
+    @router.post("/sessions/{session_id}/generate", summary="Optionally append, then generate an assistant message")
+    @handle
+    async def generate(request: Request, session_id: str):
+        body = _parse(GenerateRequest, await _body(request) or {})
+        response, _ = await _service(request).generate(_check_id(session_id), body)
+        return response.model_dump(mode="json")
+
+    @router.post("/directives", tags=["directives"], summary="Apply one atomic batch of directives to a session")
+    @handle
+    async def apply_directives(request: Request):
+        batch = _parse(DirectiveBatch, await _body(request))
+        return (await _service(request).apply(batch)).model_dump(mode="json")
+
+    if os.environ.get(DEBUG_ROUTES_ENV) == "1":
+        @router.get("/leyline/debug/sessions/{session_id}/rows", include_in_schema=False)
+        @handle
+        async def session_rows(request: Request, session_id: str):
+            layer = int(request.query_params.get("layer", "0"))
+            rows = await _service(request).snapshot_rows(_check_id(session_id), layer)
+            if rows is None:
+                raise LeylineError("the session has no saved rows", code="not_found", status_code=404)
+            return {"shape": rows["shape"], "dtype": rows["dtype"], "data": base64.b64encode(rows["data"]).decode()}
+
+    @router.get("/healthz", summary="Health")
+    @handle
+    async def healthz(request: Request):
+        return {"status": "ok", "model": _service(request).model_name}
+
+    @router.post("/v1/chat/completions", summary="OpenAI chat completions; bound to a session, edits become directives")
+    async def chat_completions(request: Request):
+        try:
+            raw = await _body(request)
+            header = request.headers.get(SESSION_HEADER)
+            bound = isinstance(raw, dict) and (raw.get("session_id") is not None or header)
+            if not bound:
+                return await _delegate(original_chat, request, raw)
+            body = _parse(BoundChatRequest, raw)
+            sid = body.session_id or _check_id(header)
+            return await _bound_chat(_service(request), body, sid)
+        except LeylineError as exc:
+            return _error(exc)
+
+    return router
+
+
+async def _delegate(original: APIRoute | None, request: Request, raw: Any):
+    """A chat request without a session: vLLM's own handler, as if no plugin were loaded."""
+    if original is None:
+        raise LeylineError("vLLM's chat endpoint is not available", code="unavailable", status_code=503)
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+
+    try:
+        parsed = ChatCompletionRequest.model_validate(raw)
+    except ValidationError as exc:
+        raise ValidationFailed(str(exc.errors(include_url=False, include_context=False))) from exc
+    return await original.endpoint(request=parsed, raw_request=request)
+
+
+async def _bound_chat(service: LeylineService, body: BoundChatRequest, sid: str) -> dict:
+    if body.stream:
+        raise ValidationFailed("streaming is not supported for session-bound requests on vLLM; send stream=false")
+    tools = tools_message(body.tools or [], call=_named_tool(body.tool_choice),
+                          required=body.tool_choice == "required")
+    messages = ([tools] if tools else []) + list(body.messages)
+    stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+    if body.tool_choice == "none" and body.tools:
+        stops.append(TOOL_CALL)
+    sampling = GenerateRequest(
+        max_tokens=body.max_completion_tokens or body.max_tokens or DEFAULT_MAX_TOKENS,
+        temperature=1.0 if body.temperature is None else body.temperature,
+        top_p=1.0 if body.top_p is None else body.top_p, top_k=body.top_k or 0, seed=body.seed,
+        stop=[s for s in stops if s] or None, logprobs=bool(body.logprobs),
+        top_logprobs=(body.top_logprobs or 0) if body.logprobs else 0)
+    turn = await service.chat(sid, messages, body.leyline.mode if body.leyline else "amortize", sampling)
+    response, prefilled = turn.response, turn.prefilled
+    usage = response.usage
+    message = response.message
+    content = message.content if not (message.tool_calls and not message.content) else None
+    choice = {"index": 0, "finish_reason": response.finish_reason,
+              "message": {"role": "assistant", "content": content,
+                          "tool_calls": [c.model_dump(mode="json") for c in message.tool_calls]
+                          if message.tool_calls else None},
+              "logprobs": {"content": [lp.model_dump(mode="json") for lp in response.logprobs]}
+              if response.logprobs is not None else None}
+    return {
+        "id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
+        "model": service.model_name, "choices": [choice],
+        "usage": {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
+                  "total_tokens": usage.prompt_tokens + usage.completion_tokens,
+                  "prompt_tokens_details": {"cached_tokens": max(0, usage.prompt_tokens - prefilled)}},
+        "leyline": {"session_id": sid, "version": response.version, "rebuilt": turn.rebuilt,
+                    "directives_applied": len(turn.outcomes),
+                    "outcomes": [o.model_dump(mode="json") for o in turn.outcomes],
+                    "appended_messages": turn.appended, "prefilled_tokens": prefilled},
+    }
+
+
+def _named_tool(choice) -> str | None:
+    if isinstance(choice, dict):
+        return (choice.get("function") or {}).get("name")
+    return None
+
+
+class LeylineEndpoints:
+    """The endpoint plugin: routes in ``attach_router``, the service in ``init_state``."""
+
+    name = "leyline"
+    required_tasks = ("generate",)
+
+    def attach_router(self, app: FastAPI) -> None:
+        original = next((r for r in app.routes if isinstance(r, APIRoute) and r.path == "/v1/chat/completions"
+                         and "POST" in r.methods), None)
+        app.include_router(build_router(original))
+
+    async def init_state(self, engine_client, state, args) -> None:
+        if engine_client is None:
+            return
+        config = engine_client.vllm_config
+        tokenizer = engine_client.renderer.get_tokenizer()
+        names = getattr(args, "served_model_name", None)
+        state.leyline = LeylineService(
+            engine_client, ChatRenderer(tokenizer), block_size=config.cache_config.block_size,
+            max_model_len=config.model_config.max_model_len,
+            model_name=names[0] if names else config.model_config.model)

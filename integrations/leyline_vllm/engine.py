@@ -1,0 +1,45 @@
+"""One prompt through vLLM's engine client, with Leyline's connector params."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+
+from .request_params import LoadReport
+
+
+@dataclass
+class EngineResult:
+    token_ids: list[int]
+    text: str
+    finish_reason: str | None
+    prompt_len: int
+    num_cached_tokens: int  # vLLM's count: its prefix cache + the connector's load
+    report: LoadReport
+    logprobs: list | None  # vLLM's per-token {token_id: Logprob}
+
+    @property
+    def computed(self) -> int:
+        """Prompt tokens vLLM computed for this request."""
+        reused = self.report.local_hit + self.report.loaded if self.report.fallback is None \
+            else self.report.local_hit
+        return self.prompt_len - reused
+
+
+async def run_prompt(engine_client, prompt_ids: list[int], sampling: dict, kv_params: dict,
+                     cache_salt: str | None) -> EngineResult:
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    params = SamplingParams(**sampling, extra_args=kv_params)
+    prompt = TokensPrompt(prompt_token_ids=list(prompt_ids))
+    if cache_salt:
+        prompt["cache_salt"] = cache_salt
+    final = None
+    async for out in engine_client.generate(prompt, params, request_id=f"leyline-{uuid.uuid4().hex}"):
+        final = out
+    completion = final.outputs[0]
+    return EngineResult(
+        token_ids=list(completion.token_ids), text=completion.text, finish_reason=completion.finish_reason,
+        prompt_len=len(prompt_ids), num_cached_tokens=final.num_cached_tokens or 0,
+        report=LoadReport.from_output(final.kv_transfer_params), logprobs=completion.logprobs)

@@ -1,0 +1,354 @@
+"""Leyline sessions on vLLM: message histories, versions, and the rows behind them.
+
+A session is a message history; its token ids come from the model's chat
+template (:class:`ChatRenderer`). Its KV rows live in the worker's store as
+one *snapshot* (the rows of the last prompt vLLM saw for it). Every step that
+changes the history runs one prompt through vLLM with a row plan
+(:func:`leyline_vllm.plan.plan_turn`): the unchanged prefix is loaded, for
+``amortize`` the longest run after the edit is loaded with ``k_pe`` rotated
+(its replacement is prefilled first), everything else is computed by vLLM.
+Each session has its own ``cache_salt``, so vLLM's prefix cache, where it
+exists, never hands one session's (spliced) blocks to another.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from leyline_sdk.diff import apply_directives, split_append
+from leyline_sdk.errors import CapacityExceeded, InvalidDirective, SessionNotFound, VersionConflict
+from leyline_sdk.protocol import (
+    AppendResult,
+    DirectiveBatch,
+    DirectiveOutcome,
+    DirectiveResult,
+    GenerateRequest,
+    GenerateResponse,
+    Message,
+    Mode,
+    Segment,
+    SessionCounters,
+    SessionCreate,
+    SessionInfo,
+    TokenLogprob,
+    TopLogprob,
+    Usage,
+)
+
+from .engine import EngineResult, run_prompt
+from .plan import RowCopy, Snapshot, TurnPlan, plan_turn
+from .request_params import request_params
+from .template import ChatRenderer, parse_assistant
+
+ONE_TOKEN = {"max_tokens": 1, "temperature": 0.0}
+MAX_DIRECTIVES = 1024  # DirectiveBatch's limit
+
+
+@dataclass
+class VllmSession:
+    session_id: str
+    messages: list[Message] = field(default_factory=list)
+    version: int = 0
+    salt: str = field(default_factory=lambda: secrets.token_hex(16))
+    uid: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    snapshot: Snapshot | None = None
+    counters: SessionCounters = field(default_factory=SessionCounters)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    _keys: int = 0
+
+    def new_key(self) -> str:
+        self._keys += 1
+        return f"{self.uid}:{self._keys}"
+
+
+@dataclass
+class ChatTurn:
+    response: GenerateResponse
+    outcomes: list[DirectiveOutcome]
+    appended: int
+    rebuilt: bool
+
+    @property
+    def prefilled(self) -> int:
+        """Prompt tokens computed for this request: by its directives and by the generation."""
+        return sum(o.recomputed_tokens for o in self.outcomes) + self.response.usage.prefill_tokens
+
+
+@dataclass
+class Sync:
+    """What one history change cost: the engine results and the row accounting."""
+
+    results: list[EngineResult]
+    plan: TurnPlan
+    reused: int = 0
+    rotated: int = 0
+    computed: int = 0
+    fallback: str | None = None
+
+    @property
+    def last(self) -> EngineResult:
+        return self.results[-1]
+
+
+class LeylineService:
+    def __init__(self, engine_client, renderer: ChatRenderer, *, block_size: int, max_model_len: int,
+                 model_name: str):
+        self.engine = engine_client
+        self.renderer = renderer
+        self.block_size = block_size
+        self.max_model_len = max_model_len
+        self.model_name = model_name
+        self.sessions: dict[str, VllmSession] = {}
+
+    # -- sessions ---------------------------------------------------------------------------
+
+    async def create(self, body: SessionCreate) -> SessionInfo:
+        sid = body.session_id or f"sess_{uuid.uuid4().hex[:16]}"
+        if sid in self.sessions:
+            raise InvalidDirective(f"session {sid} already exists")
+        session = VllmSession(sid)
+        self.sessions[sid] = session
+        async with session.lock:
+            try:
+                if body.messages:
+                    await self._append(session, body.messages)
+            except BaseException:
+                self.sessions.pop(sid, None)
+                raise
+            return self.info(session)
+
+    def get(self, sid: str) -> VllmSession:
+        session = self.sessions.get(sid)
+        if session is None:
+            raise SessionNotFound(f"no session {sid}")
+        return session
+
+    def info(self, session: VllmSession, include_messages: bool = False) -> SessionInfo:
+        bounds = self.renderer.segments(session.messages)
+        segments = [Segment(index=i, message_id=m.id, role=m.role, start=a, end=b)
+                    for i, (m, (a, b)) in enumerate(zip(session.messages, bounds))]
+        return SessionInfo(session_id=session.session_id, version=session.version,
+                           num_tokens=bounds[-1][1] if bounds else 0, num_messages=len(session.messages),
+                           segments=segments, counters=session.counters.model_copy(),
+                           messages=list(session.messages) if include_messages else None)
+
+    async def delete(self, sid: str) -> None:
+        session = self.get(sid)
+        async with session.lock:
+            self.sessions.pop(sid, None)
+            if session.snapshot:
+                await self._drop([session.snapshot.key])
+
+    async def append(self, sid: str, messages: list[Message], expected_version: int | None) -> AppendResult:
+        session = self.get(sid)
+        async with session.lock:
+            _check_version(session, expected_version)
+            sync = await self._append(session, messages)
+            n = sync.last.prompt_len
+            return AppendResult(session_id=sid, version=session.version, num_tokens=n,
+                                num_messages=len(session.messages),
+                                usage=Usage(prompt_tokens=n, cached_tokens=n - sync.computed,
+                                            prefill_tokens=sync.computed, total_tokens=n))
+
+    async def generate(self, sid: str, body: GenerateRequest) -> tuple[GenerateResponse, Sync]:
+        session = self.get(sid)
+        async with session.lock:
+            _check_version(session, body.expected_version)
+            return await self._generate(session, body)
+
+    async def apply(self, batch: DirectiveBatch) -> DirectiveResult:
+        session = self.get(batch.session_id)
+        async with session.lock:
+            _check_version(session, batch.expected_version)
+            return await self._apply(session, batch)
+
+    async def chat(self, sid: str, messages: list[Message], mode: Mode, sampling: GenerateRequest) -> ChatTurn:
+        """A session-bound chat request: diff the history against the session's, apply the edits as one
+        batch, generate. A session that does not exist is built from the request."""
+        rebuilt = sid not in self.sessions
+        if rebuilt:
+            await self.create(SessionCreate(session_id=sid))
+        session = self.get(sid)
+        async with session.lock:
+            outcomes, tail = [], list(messages)
+            if not rebuilt:
+                directives, tail = split_append(session.messages, messages, mode=mode)
+                if len(directives) > MAX_DIRECTIVES:
+                    raise InvalidDirective(f"{len(directives)} edits in one request; the limit is {MAX_DIRECTIVES}")
+                if directives:
+                    batch = DirectiveBatch(session_id=sid, directives=directives)
+                    outcomes = (await self._apply(session, batch)).outcomes
+            response, _ = await self._generate(session, sampling.model_copy(update={"messages": tail}))
+        return ChatTurn(response, outcomes, len(tail), rebuilt)
+
+    # -- the steps (callers hold the session's lock) ------------------------------------------
+
+    async def _append(self, session: VllmSession, messages: list[Message]) -> Sync:
+        history = session.messages + list(messages)
+        ids = self._ids(history)
+        sync = await self._sync(session, ids, rotate=False)
+        session.messages = history
+        session.version += 1
+        session.counters.prefilled_tokens += sync.computed
+        session.counters.reused_tokens += sync.reused
+        return sync
+
+    async def _generate(self, session: VllmSession, body: GenerateRequest,
+                        extra_messages: list[Message] | None = None) -> tuple[GenerateResponse, Sync]:
+        history = session.messages + list(body.messages)
+        ids = self._ids(history, generation_prompt=True)
+        room = self.max_model_len - len(ids)
+        if room < 1:
+            raise CapacityExceeded(f"the prompt has {len(ids)} tokens; the model takes {self.max_model_len}")
+        sampling = _sampling(body, min(body.max_tokens, room))
+        sync = await self._sync(session, ids, rotate=False, sampling=sampling)
+        result = sync.last
+        message = parse_assistant(result.text, call_id_prefix=f"call_{session.session_id[-8:]}_{session.version}")
+        session.messages = history + [message]
+        session.version += 1
+        session.counters.prefilled_tokens += sync.computed
+        session.counters.reused_tokens += sync.reused
+        finish = "tool_calls" if message.tool_calls else ("length" if result.finish_reason == "length" else "stop")
+        n_out = len(result.token_ids)
+        usage = Usage(prompt_tokens=len(ids), cached_tokens=len(ids) - sync.computed, prefill_tokens=sync.computed,
+                      completion_tokens=n_out, total_tokens=len(ids) + n_out)
+        response = GenerateResponse(session_id=session.session_id, message=message, finish_reason=finish,
+                                    usage=usage, logprobs=_logprobs(result, body.top_logprobs) if body.logprobs else None,
+                                    version=session.version)
+        return response, sync
+
+    async def _apply(self, session: VllmSession, batch: DirectiveBatch) -> DirectiveResult:
+        started = time.perf_counter()
+        for i, d in enumerate(batch.directives):
+            if d.span.unit != "message":
+                raise InvalidDirective(f"directive {i}: token spans are not supported on vLLM; use message spans")
+        old = session.messages
+        new = apply_directives(old, batch.directives)  # validates spans, overlaps (4xx, nothing changed)
+        old_bounds = self.renderer.segments(old)
+        old_len = old_bounds[-1][1] if old_bounds else 0
+        ids = self._ids(new)
+        rotate = all(d.mode == "amortize" for d in batch.directives)
+        sync = await self._sync(session, ids, rotate=rotate)
+        session.messages = new
+        session.version += 1
+        session.counters.reused_tokens += sync.reused
+        session.counters.rotated_tokens += sync.rotated
+        session.counters.recomputed_tokens += sync.computed
+        outcomes = []
+        for i, d in enumerate(sorted(batch.directives, key=lambda d: (d.span.start, d.span.end))):
+            start = old_bounds[d.span.start][0] if d.span.start < len(old) else old_len
+            end = old_bounds[d.span.end - 1][1] if d.span.end > d.span.start else start
+            new_len = len(self._ids(list(d.replacement))) if d.replacement else 0
+            applied, reason = d.mode, None
+            if sync.fallback:  # saved rows could not be loaded: vLLM recomputed them (a full prefill)
+                applied, reason = "forget", sync.fallback
+            elif d.mode == "amortize" and end < old_len:  # something follows the span: it had to rotate
+                if not rotate:
+                    applied, reason = "forget", "a forget in the same batch recomputes what follows it"
+                elif sync.plan.rotated is None:
+                    applied, reason = "forget", sync.plan.reason or "nothing after the edit to rotate"
+            totals = i == 0  # the batch runs as one plan: its row counts sit on the first outcome
+            outcomes.append(DirectiveOutcome(
+                requested_mode=d.mode, applied_mode=applied, fallback_reason=reason, token_start=start,
+                token_end=end, delta=new_len - (end - start),
+                reused_tokens=sync.reused if totals else 0, rotated_tokens=sync.rotated if totals else 0,
+                recomputed_tokens=sync.computed if totals else 0))
+        return DirectiveResult(session_id=session.session_id, version=session.version, num_tokens=len(ids),
+                               num_messages=len(new), outcomes=outcomes,
+                               elapsed_ms=(time.perf_counter() - started) * 1000)
+
+    # -- rows --------------------------------------------------------------------------------
+
+    async def _sync(self, session: VllmSession, ids: list[int], *, rotate: bool,
+                    sampling: dict | None = None) -> Sync:
+        """Run ``ids`` through vLLM with the session's row plan; the session's snapshot becomes ``ids``."""
+        plan = plan_turn(session.snapshot, ids, rotate=rotate, min_rotated=self.block_size)
+        results, scratch = [], []
+        load: list[RowCopy] = list(plan.first)
+        if plan.rotated is not None and plan.prefill_upto > plan.prefix:
+            # the replacement sits before the rotated rows: prefill it (after the prefix) first
+            key = session.new_key()
+            results.append(await self._run(session, ids[:plan.prefill_upto], plan.first, key, ONE_TOKEN))
+            scratch.append(key)
+            load = [RowCopy(key, 0, 0, plan.prefill_upto)] if results[0].report.saved == key else []
+        if plan.rotated is not None and (not results or load):
+            load.append(plan.rotated)
+        key = session.new_key()
+        results.append(await self._run(session, ids, load, key, sampling or ONE_TOKEN))
+        old = session.snapshot
+        last = results[-1]
+        if last.report.saved == key:  # the prompt's rows, and those of the tokens it generated
+            session.snapshot = Snapshot(key, (list(ids) + last.token_ids)[:last.report.saved_tokens])
+        else:
+            session.snapshot = None
+        await self._drop(scratch + ([old.key] if old else []))
+        return _account(plan, results)
+
+    async def _run(self, session: VllmSession, ids: list[int], load: list[RowCopy], save: str,
+                   sampling: dict) -> EngineResult:
+        params = request_params(session.session_id, load, save)
+        return await run_prompt(self.engine, ids, sampling, params, session.salt)
+
+    async def _drop(self, keys: list[str]) -> None:
+        if keys:
+            await self.engine.collective_rpc("leyline_drop", args=(keys,))
+
+    async def snapshot_rows(self, sid: str, layer: int) -> dict | None:
+        """One layer of the session's saved rows (diagnostics): shape, dtype, float32 bytes, positions."""
+        session = self.get(sid)
+        async with session.lock:
+            if session.snapshot is None:
+                return None
+            rows = (await self.engine.collective_rpc("leyline_rows", args=(session.snapshot.key, layer)))[0]
+            return rows
+
+    def _ids(self, messages: list[Message], generation_prompt: bool = False) -> list[int]:
+        ids = self.renderer.ids(messages, generation_prompt=generation_prompt)
+        if len(ids) > self.max_model_len:
+            raise CapacityExceeded(f"the history has {len(ids)} tokens; the model takes {self.max_model_len}")
+        return ids
+
+
+def _account(plan: TurnPlan, results: list[EngineResult]) -> Sync:
+    sync = Sync(results, plan)
+    fallbacks = [r.report.fallback for r in results if r.report.fallback]
+    sync.fallback = fallbacks[0] if fallbacks else None
+    sync.computed = sum(r.computed for r in results)
+    last = results[-1]
+    reached = last.prompt_len - last.computed  # rows the last request did not compute
+    if len(results) == 2:
+        sync.reused = results[0].prompt_len - results[0].computed
+    else:
+        sync.reused = min(plan.prefix, reached)
+    if plan.rotated is not None and last.report.fallback is None:
+        sync.rotated = max(0, min(reached, plan.rotated.dst_end) - plan.rotated.dst_start)
+    return sync
+
+
+def _check_version(session: VllmSession, expected: int | None) -> None:
+    if expected is not None and expected != session.version:
+        raise VersionConflict(f"session {session.session_id} is at version {session.version}, not {expected}")
+
+
+def _sampling(body: GenerateRequest, max_tokens: int) -> dict:
+    out = {"max_tokens": max_tokens, "temperature": body.temperature, "top_p": body.top_p,
+           "top_k": body.top_k or 0, "seed": body.seed, "stop": body.stop_strings() or None}
+    if body.logprobs:
+        out["logprobs"] = max(1, body.top_logprobs)
+    return out
+
+
+def _logprobs(result: EngineResult, top_k: int) -> list[TokenLogprob]:
+    out = []
+    for token_id, options in zip(result.token_ids, result.logprobs or []):
+        chosen = options[token_id]
+        ranked = sorted(options.values(), key=lambda lp: lp.rank)
+        top = [TopLogprob(token=lp.decoded_token or "", logprob=lp.logprob,
+                          bytes=list((lp.decoded_token or "").encode())) for lp in ranked[:top_k]]
+        out.append(TokenLogprob(token=chosen.decoded_token or "", logprob=chosen.logprob,
+                                bytes=list((chosen.decoded_token or "").encode()), top_logprobs=top))
+    return out

@@ -1,0 +1,105 @@
+"""Sessions' token ids on vLLM: the model's own chat template, via vLLM's tokenizer.
+
+Each message's text is what Leyline's template contract puts in a message
+body (tool calls as ``<|tool_call|>{json}<|end_tool_call|>`` text, from
+``leyline_sdk.tools_prompt``); the model's chat template wraps it. A message's
+token range (segment) is where rendering the history up to it ends, so it is
+exact for templates that render a history as the concatenation of its
+messages (the usual case; a template that does not fails loudly here).
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import re
+import uuid
+
+from leyline_sdk.protocol import FunctionCall, Message, ToolCall
+from leyline_sdk.tools_prompt import END_TOOL_CALL, TOOL_CALL
+
+
+def render_tool_call(call: ToolCall) -> str:
+    try:
+        arguments = json.loads(call.function.arguments or "{}")
+    except json.JSONDecodeError:
+        arguments = call.function.arguments
+    return TOOL_CALL + json.dumps({"name": call.function.name, "arguments": arguments}, ensure_ascii=False) \
+        + END_TOOL_CALL
+
+
+def message_dict(message: Message) -> dict:
+    body = message.content + "".join(render_tool_call(c) for c in message.tool_calls or [])
+    out = {"role": message.role, "content": body}
+    if message.name:
+        out["name"] = message.name
+    return out
+
+
+class ChatRenderer:
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+
+    def ids(self, messages: list[Message], generation_prompt: bool = False) -> list[int]:
+        if not messages:
+            return []
+        out = self.tokenizer.apply_chat_template(
+            [message_dict(m) for m in messages], add_generation_prompt=generation_prompt, tokenize=True)
+        if isinstance(out, dict) or hasattr(out, "keys"):
+            out = out["input_ids"]
+        return list(out)
+
+    def segments(self, messages: list[Message]) -> list[tuple[int, int]]:
+        """Token range of every message: where the rendered text of each prefix of the history ends,
+        mapped to tokens through one tokenization of the whole text (its character offsets)."""
+        dicts = [message_dict(m) for m in messages]
+        texts = [self.tokenizer.apply_chat_template(dicts[:k], tokenize=False) for k in range(1, len(dicts) + 1)]
+        if not texts:
+            return []
+        full = texts[-1]
+        if any(not full.startswith(t) for t in texts):
+            raise ValueError("the chat template does not render a history as the concatenation of its messages")
+        enc = self.tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
+        ends = [end for _, end in enc["offset_mapping"]]
+        bounds, start = [], 0
+        for text in texts:
+            end = bisect.bisect_right(ends, len(text))  # tokens that end inside this prefix
+            if end and ends[end - 1] != len(text) and end < len(ends):
+                raise ValueError("a message boundary falls inside a token")
+            bounds.append((start, end))
+            start = end
+        if start != len(self.ids(messages)):
+            raise ValueError("the chat template's tokens do not match its text")
+        return bounds
+
+
+_CALL_RE = re.compile(re.escape(TOOL_CALL) + r"(.*?)" + re.escape(END_TOOL_CALL), re.S)
+
+
+def parse_assistant(text: str, call_id_prefix: str | None = None) -> Message:
+    """Generated text -> assistant message; well-formed tool-call blocks become tool calls."""
+    prefix = call_id_prefix or f"call_{uuid.uuid4().hex[:12]}"
+    calls, parts, cursor = [], [], 0
+    for match in _CALL_RE.finditer(text):
+        parts.append(text[cursor:match.start()])
+        cursor = match.end()
+        call = _parse_call(match.group(1), f"{prefix}_{len(calls)}")
+        if call is None:
+            parts.append(match.group(0))  # malformed: keep what the model wrote
+        else:
+            calls.append(call)
+    parts.append(text[cursor:])
+    return Message(role="assistant", content="".join(parts), tool_calls=calls or None)
+
+
+def _parse_call(payload: str, call_id: str) -> ToolCall | None:
+    try:
+        obj = json.loads(payload)
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
+        return None
+    arguments = obj.get("arguments", {})
+    if not isinstance(arguments, str):
+        arguments = json.dumps(arguments, ensure_ascii=False)
+    return ToolCall(id=call_id, function=FunctionCall(name=obj["name"], arguments=arguments))

@@ -1,0 +1,37 @@
+"""Worker methods the endpoint reaches through ``engine_client.collective_rpc``.
+
+Enabled with ``--worker-extension-cls leyline_vllm.worker.LeylineWorkerExtension``
+(vLLM mixes the class into its Worker).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def _connector():
+    from vllm.distributed.kv_transfer import get_kv_transfer_group, has_kv_transfer_group
+
+    from .connector import LeylineConnector
+
+    if not has_kv_transfer_group():
+        raise RuntimeError("no KV connector configured: start vLLM with --kv-transfer-config (see docs/vllm.md)")
+    connector = get_kv_transfer_group()
+    if not isinstance(connector, LeylineConnector):
+        raise RuntimeError(f"the KV connector is {type(connector).__name__}, not LeylineConnector")
+    return connector
+
+
+class LeylineWorkerExtension:
+    def leyline_drop(self, keys: list[str]) -> int:
+        """Forget saved rows (a deleted session, a superseded snapshot)."""
+        return _connector().store.drop(keys)
+
+    def leyline_rows(self, key: str, layer: int) -> dict | None:
+        """One layer of a saved snapshot as float32 bytes (diagnostics and tests)."""
+        entry = _connector().store.get(key)
+        if entry is None:
+            return None
+        rows = list(entry.layers.values())[layer][: entry.filled].to(torch.float32).contiguous()
+        return {"shape": list(rows.shape), "dtype": str(next(iter(entry.layers.values())).dtype),
+                "data": rows.numpy().tobytes()}

@@ -1,0 +1,198 @@
+"""``mode: "auto"``: measure an amortized edit's drift and choose amortize, repair or forget.
+
+Amortize is exact at layer 0 and approximate above it: the rows of layer 1 and up
+after the edit were computed while the old span was still there. The signal is
+the mean relative change of the layer-1 rows of the first ``signal_window``
+tokens after the edit when layer 0 is run again over the edited history (layer 0's
+rows are exact after the splice, so this is exactly what a forget would write
+there, at about ``signal_window / num_layers`` tokens' worth of compute).
+
+Per directive, in position order:
+
+* fewer than ``repair_tail`` tokens after the edit: ``forget`` (it costs no more than a repair);
+* signal over ``forget_threshold``: ``forget``;
+* signal over ``repair_threshold``: ``repair`` — amortize, then recompute the last
+  ``repair_tail`` rows (the ones the next turn attends to most; see
+  :mod:`.recompute`);
+* else ``amortize``.
+
+Every amortized ``auto`` edit adds its signal times ``num_layers - 1`` to the session's
+drift (:mod:`.drift`): the stale layer-1 rows feed every layer above, and the same edit
+drifts about 3× / 9× more on 12 / 18-layer stacks of the same weights while its layer-1
+signal is identical. Past the drift budget the batch also re-prefills from the earliest
+drifted position.
+All of it runs inside the executor's transaction, before the block table is swapped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from leyline_sdk.protocol import AutoDecision
+
+from .drift import DriftState
+from .engine import Engine
+from .executor import PREFILL, Plan, TokenEdit
+from .kv_cache import BlockTable
+from .model.batch import BatchLayout
+from .recompute import recompute_rows
+from .session import Session
+
+
+@dataclass
+class AutoConfig:
+    # Calibrated with `leyline-bench fidelity --policies ...` (docs/perf/fidelity_policies.md)
+    # on the default model and its 12/18-layer stacks.
+    forget_threshold: float = 0.3  # on the layer-1 change itself
+    repair_threshold: float = 0.0
+    repair_tail: int = 128
+    signal_window: int = 64
+    drift_budget: float | None = 24.0
+
+
+@torch.no_grad()
+def layer1_change(engine: Engine, table: BlockTable, tokens: list[int], start: int, end: int) -> float:
+    """Mean relative change of the layer-1 rows ``[start, end)`` if layer 0 were recomputed.
+
+    Reads the cache only: layer 0 writes its (equal) rows into a scratch copy.
+    """
+    layers = engine.model.model.layers
+    if len(layers) < 2 or end <= start:
+        return 0.0
+    pool, device = engine.pool.rows, engine.device
+    rows = table.rows(0, end, device)
+    scratch = pool[0, rows].clone()
+    ids = torch.tensor(tokens[start:end], dtype=torch.long, device=device)
+    positions = torch.arange(start, end, device=device)
+    model = engine.model
+    x = model.model.embed_tokens(ids)
+    cos, sin = model.rotary.cos_sin(positions, x.dtype)
+    layout = BatchLayout.build([(start, end - start, [(0, end)])], [], device)  # scratch row p = position p
+    h = layers[0].forward_batch(x, cos, sin, scratch, layout)
+    fresh = layers[1].self_attn.latent(layers[1].input_layernorm(h), cos, sin).float()
+    stale = pool[1, rows[start:end]].float()
+    change = (fresh - stale).norm(dim=-1) / fresh.norm(dim=-1).clamp_min(1e-12)
+    return float(change.mean())
+
+
+def new_starts(edits: list[TokenEdit]) -> list[int]:
+    """Each edit's start in the edited sequence."""
+    out, shift = [], 0
+    for t in edits:
+        out.append(t.old_start + shift)
+        shift += t.delta
+    return out
+
+
+def moved_position(edits: list[TokenEdit], old: int) -> int:
+    """Where old position ``old`` lands after the edits (an edit's start if the edit covers it)."""
+    shift = 0
+    for t in edits:
+        if old < t.old_start:
+            break
+        if old < t.old_end or old == t.old_start:
+            return t.old_start + shift
+        shift += t.delta
+    return old + shift
+
+
+class AutoMode:
+    def __init__(self, engine: Engine, config: AutoConfig):
+        self.engine = engine
+        self.config = config
+
+    @property
+    def depth_weight(self) -> int:
+        """Layers a stale layer-1 row propagates through."""
+        return max(0, self.engine.model.config.num_hidden_layers - 1)
+
+    def reserve_blocks(self, session: Session, plan: Plan) -> int:
+        """Blocks a drift repair may copy on write beyond what the plan itself allocates."""
+        if not any(t.edit.mode == "auto" for t in plan.edits) or session.drift.earliest is None:
+            return 0
+        bs = self.engine.pool.block_size
+        return max(0, plan.first_change // bs - session.drift.earliest // bs + 1)
+
+    def finish(self, session: Session, plan: Plan, table: BlockTable, owned: list[int]) -> BlockTable:
+        """Decide every ``auto`` edit of ``plan`` (spliced and prefilled into ``table``), run the
+        recomputes they need, and leave the session's next drift state in ``plan.drift``."""
+        n = len(plan.tokens)
+        state = session.drift.copy()
+        state.budget = self.config.drift_budget
+        if state.earliest is not None:
+            state.moved(moved_position(plan.edits, state.earliest))
+        starts = new_starts(plan.edits)
+        # where the executor already prefilled everything (an explicit forget or a fallback)
+        prefilled_from = next((s for t, s in zip(plan.edits, starts) if t.applied_mode == "forget"), None)
+        decisions, forget_from = self._decide_edits(plan, starts, table, state, prefilled_from)
+        start = self._recompute_start(decisions, state, forget_from, n)
+        if start is not None and start != prefilled_from:
+            table = recompute_rows(self.engine, table, plan.tokens, start, n, owned)
+            plan.old_pos[start:] = PREFILL
+        for d in decisions:
+            d.session_drift = state.drift
+        plan.drift = state
+        return table
+
+    def _decide_edits(self, plan: Plan, starts: list[int], table: BlockTable, state: DriftState,
+                      forget_from: int | None) -> tuple[list[AutoDecision], int | None]:
+        """Each edit in order; everything from the first forget on is forgotten. Returns the auto
+        decisions and where the forget begins."""
+        decisions = []
+        for t, s in zip(plan.edits, starts):
+            if forget_from is not None and s >= forget_from:
+                if t.edit.mode == "auto":
+                    t.auto = AutoDecision(choice="forget", reason=t.fallback_reason or "after_forget")
+                    t.fallback_reason = None
+                elif t.applied_mode == "amortize":
+                    t.fallback_reason = "after_forget"
+                t.applied_mode = "forget"
+            elif t.edit.mode != "auto":
+                state.amortized(s, 0.0)  # unmeasured: it only moves a repair's start
+            else:
+                t.auto = self._decide(table, plan.tokens, s + len(t.new_tokens), len(plan.tokens))
+                if t.auto.choice == "forget":
+                    t.applied_mode, forget_from = "forget", s
+                else:
+                    state.amortized(s, (t.auto.layer1_change or 0.0) * self.depth_weight)
+            if t.auto is not None:
+                decisions.append(t.auto)
+        if forget_from is not None:
+            state.recomputed_from(forget_from)
+        return decisions, forget_from
+
+    def _recompute_start(self, decisions: list[AutoDecision], state: DriftState, forget_from: int | None,
+                         n: int) -> int | None:
+        """Where the rows to recompute begin: the forget, a drift-budget repair or the repair tail."""
+        start = forget_from
+        if decisions and state.over_budget():
+            budget_start = state.repaired(n)
+            decisions[-1].drift_repair_tokens = n - budget_start
+            start = budget_start if start is None else min(start, budget_start)
+        repairs = [d for d in decisions if d.choice == "repair"]
+        tail = self.config.repair_tail
+        if repairs and (start is None or start > n - tail):
+            start = n - tail
+            repairs[-1].repaired_tokens = tail
+        return start
+
+    def _decide(self, table: BlockTable, tokens: list[int], edit_end: int, n: int) -> AutoDecision:
+        cfg = self.config
+        if n - edit_end <= cfg.repair_tail:
+            return AutoDecision(choice="forget", reason="short_tail")
+        window_end = min(n, edit_end + cfg.signal_window)
+        signal = layer1_change(self.engine, table, tokens, edit_end, window_end)
+        if signal > cfg.forget_threshold:
+            choice = "forget"
+        elif signal > cfg.repair_threshold:
+            choice = "repair"
+        else:
+            return AutoDecision(choice="amortize", reason="below_threshold", layer1_change=signal,
+                                signal_tokens=window_end - edit_end)
+        return AutoDecision(choice=choice, reason="signal", layer1_change=signal,
+                            signal_tokens=window_end - edit_end)
+
+
+__all__ = ["AutoConfig", "AutoMode", "DriftState", "layer1_change"]

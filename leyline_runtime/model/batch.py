@@ -1,0 +1,93 @@
+"""Where the tokens of one batched forward sit: positions, cache rows, attention segments.
+
+A batch mixes sequences. Each token's latent row is written to ``write_rows``;
+attention then runs per sequence: a prefill segment (a run of consecutive
+positions) attends causally over its own rows and over the rows of the
+positions before it, a decode step (one query at its sequence's last
+position) over all its sequence's rows. Earlier rows are read in place, as
+runs of consecutive pool rows (``Extents``); a table split into many runs is
+gathered into one tensor instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+Extents = list[tuple[int, int]]  # (first pool row, number of rows), in position order
+
+#: more runs than this are gathered into one tensor (one product beats many small ones)
+MAX_EXTENTS = 8
+
+
+def read_rows(pool: torch.Tensor, extents: Extents) -> list[torch.Tensor]:
+    """The rows of ``extents`` as views of ``pool``, or one gathered copy when there are many runs."""
+    parts = [pool[row: row + n] for row, n in extents]
+    if len(parts) > MAX_EXTENTS:
+        return [torch.cat(parts)]
+    return parts
+
+
+@dataclass
+class PrefillSegment:
+    tokens: slice  # rows of the flattened batch
+    start: int  # position of its first token
+    prefix: Extents  # pool rows of positions 0 .. start
+
+
+@dataclass
+class DecodeStep:
+    token: int  # row of the flattened batch
+    rows: Extents  # pool rows of positions 0 .. its own (written this step)
+
+
+@dataclass
+class BatchLayout:
+    positions: torch.Tensor  # [N]
+    write_rows: torch.Tensor  # [N] pool row of each token
+    prefills: list[PrefillSegment]
+    decodes: list[DecodeStep]
+    decode_tokens: torch.Tensor  # [len(decodes)] rows of the flattened batch
+    logit_rows: torch.Tensor  # rows of the batch whose next-token logits are wanted
+
+    @classmethod
+    def build(cls, segments: list[tuple[int, int, Extents]], logit_rows: list[int],
+              device: torch.device) -> BatchLayout:
+        """``segments``: (start position, n tokens, pool rows of positions 0 .. start + n) per sequence chunk."""
+        positions, write_rows, prefills, decodes = [], [], [], []
+        offset = 0
+        for start, n, extents in segments:
+            positions.append(torch.arange(start, start + n))
+            write_rows.append(_rows_of(extents, start, start + n))
+            if n == 1:
+                decodes.append(DecodeStep(offset, extents))
+            else:
+                prefills.append(PrefillSegment(slice(offset, offset + n), start, _clip(extents, start)))
+            offset += n
+        return cls(torch.cat(positions).to(device), torch.cat(write_rows).to(device), prefills, decodes,
+                   torch.tensor([d.token for d in decodes], dtype=torch.long, device=device),
+                   torch.tensor(logit_rows, dtype=torch.long, device=device))
+
+
+def _clip(extents: Extents, end: int) -> Extents:
+    """The runs covering positions ``[0, end)``."""
+    out, seen = [], 0
+    for row, n in extents:
+        if seen >= end:
+            break
+        take = min(n, end - seen)
+        out.append((row, take))
+        seen += take
+    return out
+
+
+def _rows_of(extents: Extents, start: int, end: int) -> torch.Tensor:
+    """Pool row of each position in ``[start, end)``."""
+    pieces, seen = [], 0
+    for row, n in extents:
+        lo, hi = max(start, seen), min(end, seen + n)
+        if lo < hi:
+            pieces.append(torch.arange(row + lo - seen, row + hi - seen))
+        seen += n
+    return torch.cat(pieces)

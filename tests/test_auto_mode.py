@@ -1,0 +1,197 @@
+"""mode "auto": its choices, the partial-recompute primitive, the drift budget, and their surfaces."""
+
+import math
+
+import pytest
+import torch
+from starlette.testclient import TestClient
+from test_server_support import make_runtime, metric, torch_threads
+
+from leyline_runtime import cli, create_app
+from leyline_runtime.auto_mode import AutoConfig
+from leyline_sdk import auto_policy, force_mode
+from leyline_sdk.policy import EditContext
+from leyline_sdk.protocol import Directive, DirectiveBatch, Message, SessionCreate, Span
+
+from helpers import agent_history
+
+T = "__auto__"
+INF = math.inf
+
+
+@pytest.fixture(scope="module")
+def rt():
+    with torch_threads(1):
+        yield make_runtime()
+
+
+@pytest.fixture
+def auto(rt, monkeypatch):
+    """Set the runtime's auto config for one test."""
+    def set_config(**kw):
+        kw = {"repair_tail": 32, "signal_window": 16, "drift_budget": None, **kw}
+        monkeypatch.setattr(rt.auto, "config", AutoConfig(**kw))
+    return set_config
+
+
+def session(rt, messages):
+    return rt._sessions[(T, rt.create_session(SessionCreate(messages=messages), T).session_id)]
+
+
+def rows(rt, s):
+    return rt.pool.rows[:, s.table.rows(0, s.num_tokens)].clone()
+
+
+def apply(rt, s, *directives):
+    return rt.apply(DirectiveBatch(session_id=s.session_id, directives=list(directives)), T)
+
+
+def max_diff(a, b) -> float:
+    return (a - b).abs().max().item()
+
+
+def equals_fresh_prefill(rt, s) -> bool:
+    fresh = session(rt, s.messages)
+    assert fresh.tokens == s.tokens
+    return max_diff(rows(rt, s), rows(rt, fresh)) <= 1e-5
+
+
+def drop_failed_attempt(mode):
+    return Directive(span=Span(start=2, end=4), mode=mode)  # the failed call and its error
+
+
+def test_auto_on_a_short_tail_chooses_forget(rt, auto):
+    auto(forget_threshold=INF, repair_threshold=INF)  # the signal alone would amortize
+    h = agent_history()
+    s = session(rt, h)
+    cleared = h[9].model_copy(update={"content": "[cleared]"})  # the last message
+    o = apply(rt, s, Directive(span=Span(start=9, end=10), replacement=[cleared], mode="auto")).outcomes[0]
+    assert (o.requested_mode, o.applied_mode, o.auto.choice, o.auto.reason) == ("auto", "forget", "forget", "short_tail")
+    assert o.rotated_tokens == 0 and o.recomputed_tokens == s.num_tokens - o.token_start
+    assert equals_fresh_prefill(rt, s)
+
+
+def test_auto_signal_over_threshold_forgets(rt, auto):
+    auto(forget_threshold=0.0)
+    s = session(rt, agent_history())
+    o = apply(rt, s, drop_failed_attempt("auto")).outcomes[0]
+    assert o.auto.choice == "forget" and o.auto.reason == "signal" and o.auto.layer1_change > 0
+    assert o.auto.signal_tokens == 16 and o.applied_mode == "forget"
+    assert equals_fresh_prefill(rt, s)
+
+
+def test_auto_repair_recomputes_only_the_tail(rt, auto):
+    auto(forget_threshold=INF, repair_threshold=0.0)
+    plain, s = session(rt, agent_history()), session(rt, agent_history())
+    apply(rt, plain, drop_failed_attempt("amortize"))
+    o = apply(rt, s, drop_failed_attempt("auto")).outcomes[0]
+    assert (o.applied_mode, o.auto.choice, o.auto.reason) == ("amortize", "repair", "signal")
+    assert o.auto.repaired_tokens == 32 and o.recomputed_tokens == 32 and o.rotated_tokens > 0
+    n = s.num_tokens
+    a, b = rows(rt, plain), rows(rt, s)
+    assert torch.equal(a[:, : n - 32], b[:, : n - 32])  # the splice itself is amortize's
+    assert max_diff(a[:, n - 32:], b[:, n - 32:]) > 1e-4  # the tail was recomputed
+    assert s.counters.recomputed_tokens == 32
+
+
+def test_auto_below_threshold_amortizes_and_counts_drift(rt, auto):
+    auto(forget_threshold=INF, repair_threshold=INF)
+    plain, s = session(rt, agent_history()), session(rt, agent_history())
+    apply(rt, plain, drop_failed_attempt("amortize"))
+    o = apply(rt, s, drop_failed_attempt("auto")).outcomes[0]
+    assert o.auto.choice == "amortize" and o.auto.reason == "below_threshold"
+    assert o.recomputed_tokens == 0 and torch.equal(rows(rt, plain), rows(rt, s))
+    info = rt.get_session(s.session_id, T)
+    layers = rt.model.config.num_hidden_layers  # the stale layer-1 rows feed the layers above
+    assert info.drift.drift == pytest.approx(o.auto.layer1_change * (layers - 1)) == pytest.approx(o.auto.session_drift)
+    assert info.drift.earliest_position == o.token_start and info.drift.repairs == 0
+
+
+def test_partial_recompute_equals_fresh_prefill_rows(rt):
+    s = session(rt, agent_history())
+    a = apply(rt, s, drop_failed_attempt("amortize")).outcomes[0].token_start  # rows before a are exact
+    b = a + 37  # neither end on a block boundary
+    fresh = rows(rt, session(rt, s.messages))
+    before, free = rows(rt, s), rt.pool.num_free
+    assert max_diff(before[:, a:b], fresh[:, a:b]) > 1e-3  # amortize left them stale
+    rt.executor.recompute(s, a, b)
+    after = rows(rt, s)
+    assert max_diff(after[:, a:b], fresh[:, a:b]) <= 1e-5
+    assert torch.equal(after[:, :a], before[:, :a]) and torch.equal(after[:, b:], before[:, b:])
+    assert rt.pool.num_free == free  # the copied blocks replaced the old ones
+
+
+def test_partial_recompute_failure_leaves_the_session_intact(rt, monkeypatch):
+    s = session(rt, agent_history())
+    table, before, free = list(s.table.blocks), rows(rt, s), rt.pool.num_free
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("injected")
+
+    monkeypatch.setattr(rt.engine, "prefill", broken)
+    with pytest.raises(RuntimeError):
+        rt.executor.recompute(s, 5, 40)
+    assert s.table.blocks == table and torch.equal(rows(rt, s), before) and rt.pool.num_free == free
+    with pytest.raises(ValueError):
+        rt.executor.recompute(s, 10, s.num_tokens + 1)
+
+
+def test_drift_budget_triggers_a_repair_and_the_session_equals_R(rt, auto):
+    auto(forget_threshold=INF, repair_threshold=INF)  # auto amortizes; only the budget repairs
+    h = agent_history()
+    s = session(rt, h)
+    first = apply(rt, s, drop_failed_attempt("auto")).outcomes[0]
+    assert first.auto.drift_repair_tokens == 0 and not equals_fresh_prefill(rt, s)
+    auto(forget_threshold=INF, repair_threshold=INF, drift_budget=first.auto.session_drift)
+    edited = s.messages[5].model_copy(update={"content": "\n".join(s.messages[5].content.split("\n")[:8])})
+    o = apply(rt, s, Directive(span=Span(start=5, end=6), replacement=[edited], mode="auto")).outcomes[0]
+    assert o.auto.choice == "amortize" and o.auto.session_drift == 0.0
+    assert o.auto.drift_repair_tokens == s.num_tokens - first.token_start  # from the first edit on
+    assert equals_fresh_prefill(rt, s)
+    info = rt.get_session(s.session_id, T).drift
+    assert (info.drift, info.earliest_position, info.repairs) == (0.0, None, 1)
+    assert info.budget == first.auto.session_drift
+
+
+def test_auto_policy_and_forced_auto():
+    edit = EditContext([Message(role="tool", content="x", tool_call_id="c")],
+                       [Message(role="tool", content="[cleared]", tool_call_id="c")], 3, 6)
+    assert auto_policy(edit) == "auto" and force_mode("auto")(edit) == "auto"
+    retraction = EditContext([Message(role="user", content="q")], [], 1, 6)
+    assert auto_policy(retraction) == "forget"
+
+
+def test_serve_flag_for_the_drift_budget():
+    parse = cli.build_parser().parse_args
+    assert parse(["serve"]).drift_budget == AutoConfig().drift_budget == cli.DRIFT_BUDGET_DEFAULT
+    assert parse(["serve", "--drift-budget", "none"]).drift_budget is None
+    assert parse(["serve", "--drift-budget", "0.25"]).drift_budget == 0.25
+    for bad in ("-1", "nan", "lots"):
+        with pytest.raises(SystemExit):
+            parse(["serve", "--drift-budget", bad])
+
+
+def test_rest_auto_directive_session_drift_and_metrics():
+    with torch_threads(1):
+        runtime = make_runtime(auto=AutoConfig(repair_tail=32, signal_window=16, forget_threshold=INF,
+                                               repair_threshold=INF, drift_budget=0.0))
+    with TestClient(create_app(runtime=runtime)) as client:
+        history = [m.model_dump(exclude_none=True) for m in agent_history()]
+        sid = client.post("/sessions", json={"messages": history}).json()["session_id"]
+        r = client.post("/directives", json={"session_id": sid, "directives": [
+            {"span": {"start": 2, "end": 4}, "mode": "auto"}]})
+        assert r.status_code == 200, r.text
+        o = r.json()["outcomes"][0]
+        assert o["requested_mode"] == "auto" and o["auto"]["choice"] == "amortize"
+        assert o["auto"]["drift_repair_tokens"] > 0  # budget 0: any drift is repaired at once
+        drift = client.get(f"/sessions/{sid}").json()["drift"]
+        assert drift == {"drift": 0.0, "budget": 0.0, "earliest_position": None, "repairs": 1,
+                         "repaired_tokens": o["auto"]["drift_repair_tokens"]}
+        text = client.get("/metrics").text
+        assert metric(text, "leyline_drift_repairs_total") == 1
+        assert metric(text, "leyline_drift_repaired_tokens_total") == o["auto"]["drift_repair_tokens"]
+        assert metric(text, "leyline_auto_choices_total", choice="amortize", reason="below_threshold") == 1
+        assert metric(text, "leyline_drift_budget") == 0.0
+        bad = client.post("/directives", json={"session_id": sid, "directives": [
+            {"span": {"start": 2, "end": 4}, "mode": "sometimes"}]})
+        assert bad.status_code == 422

@@ -1,0 +1,135 @@
+"""Sessions decode together: batched results equal solo results; cancellation stays local."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from leyline_sdk.protocol import GenerateRequest, Message, SessionCreate
+from leyline_runtime.runtime import Runtime, RuntimeConfig
+
+from helpers import agent_history
+
+SESSIONS = 16
+
+
+@pytest.fixture(scope="module")
+def rt():
+    return Runtime(RuntimeConfig(max_cache_tokens=65536))
+
+
+def histories() -> list[list[Message]]:
+    """16 histories of different lengths (a few hundred to about two thousand tokens)."""
+    return [agent_history(long_output_lines=2 + 3 * i) + [Message(role="user", content=f"Question {i}?" * (1 + i % 3))]
+            for i in range(SESSIONS)]
+
+
+def request() -> GenerateRequest:
+    return GenerateRequest(max_tokens=12, temperature=0.0, logprobs=True, top_logprobs=2)
+
+
+def generate_all(rt, sids: list[str], together: bool):
+    results: dict[str, object] = {}
+    if not together:
+        for sid in sids:
+            results[sid] = rt.generate(sid, request())
+        return results
+    barrier = threading.Barrier(len(sids))
+
+    def one(sid: str) -> None:
+        barrier.wait()
+        results[sid] = rt.generate(sid, request())
+
+    threads = [threading.Thread(target=one, args=(sid,)) for sid in sids]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results
+
+
+def test_batched_greedy_tokens_and_logprobs_equal_solo(rt, monkeypatch):
+    solo_ids = [rt.create_session(SessionCreate(messages=h)).session_id for h in histories()]
+    batched_ids = [rt.create_session(SessionCreate(messages=h)).session_id for h in histories()]
+    solo = generate_all(rt, solo_ids, together=False)
+
+    widest = []  # generations decoding in each step
+    run = rt.engine.runner.run
+
+    def observe(chunks):
+        widest.append(sum(seq.generation is not None for seq, _ in chunks))
+        return run(chunks)
+
+    monkeypatch.setattr(rt.engine.runner, "run", observe)
+    batched = generate_all(rt, batched_ids, together=True)
+    assert max(widest) >= SESSIONS // 2, widest  # they really shared steps
+
+    for a, b in zip(solo_ids, batched_ids):
+        x, y = solo[a], batched[b]
+        assert x.message == y.message
+        assert x.usage.completion_tokens == y.usage.completion_tokens
+        assert [t.token for t in x.logprobs] == [t.token for t in y.logprobs]
+        lp_x = torch.tensor([[t.logprob] + [p.logprob for p in t.top_logprobs] for t in x.logprobs])
+        lp_y = torch.tensor([[t.logprob] + [p.logprob for p in t.top_logprobs] for t in y.logprobs])
+        assert (lp_x - lp_y).abs().max().item() <= 1e-5
+    for sid in solo_ids + batched_ids:
+        rt.delete_session(sid)
+
+
+def test_a_cancelled_generation_stops_alone_and_leaves_its_session_unchanged(rt):
+    sids = [rt.create_session(SessionCreate(messages=h)).session_id for h in histories()[:3]]
+    before = rt.get_session(sids[0], include_messages=True)
+    free_before = rt.pool.num_free
+    seen: list[int] = []
+
+    class Gone(Exception):
+        pass
+
+    def disconnect(token: int) -> None:
+        seen.append(token)
+        if len(seen) == 2:
+            raise Gone()
+
+    errors: list[BaseException] = []
+    long = GenerateRequest(max_tokens=40, temperature=0.0, stop=[])
+
+    def cancelled() -> None:
+        try:
+            rt.generate(sids[0], long, on_token=disconnect)
+        except Gone as exc:
+            errors.append(exc)
+
+    others = {}
+    threads = [threading.Thread(target=cancelled)] + [
+        threading.Thread(target=lambda s=s: others.__setitem__(s, rt.generate(s, request()))) for s in sids[1:]]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(errors) == 1 and len(seen) == 2
+    assert rt.get_session(sids[0], include_messages=True) == before
+    assert all(r.usage.completion_tokens >= 1 for r in others.values()) and len(others) == 2
+    for sid in sids[1:]:
+        rt.delete_session(sid)
+    rt.delete_session(sids[0])
+    assert rt.pool.num_free >= free_before
+
+
+def test_work_on_one_session_never_blocks_another(rt):
+    busy, free = (rt.create_session(SessionCreate(messages=h)).session_id for h in histories()[:2])
+    done = threading.Event()
+
+    def generate_on_the_other() -> None:
+        rt.generate(free, GenerateRequest(max_tokens=3, temperature=0.0))
+        done.set()
+
+    # Hold the first session as a long directive batch or generation would.
+    with rt._hold("default", busy):
+        worker = threading.Thread(target=generate_on_the_other)
+        worker.start()
+        assert done.wait(timeout=300), "a generation waited for another session's work"
+    worker.join()
+    rt.delete_session(busy)
+    rt.delete_session(free)

@@ -1,0 +1,38 @@
+"""mypy is clean on the typed libraries: ``leyline_sdk`` and the LangChain adapter.
+
+Configuration: ``[tool.mypy]`` in pyproject.toml (``make typecheck`` runs the same).
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+# Being rewritten in another branch (issue 15, LangChain side: the adapter builds itself from a
+# LeylineMemory). Its errors are reported by the second test until that lands; then drop this.
+IN_PROGRESS = ("leyline_sdk/memory.py", "integrations/leyline_langchain/")
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def mypy_errors() -> list[str]:
+    result = subprocess.run([sys.executable, "-m", "mypy", "-p", "leyline_sdk", "-p", "leyline_langchain"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
+    assert result.returncode in (0, 1), result.stdout + result.stderr  # 2: mypy itself failed
+    return [line for line in result.stdout.splitlines() if re.match(r"^[\w/.-]+\.py:\d+: error:", line)]
+
+
+def test_mypy_clean_on_the_sdk(mypy_errors):
+    assert [e for e in mypy_errors if not e.startswith(IN_PROGRESS)] == []
+
+
+@pytest.mark.xfail(reason="leyline_sdk/memory.py and leyline_langchain are being reworked in another branch",
+                   strict=False)
+def test_mypy_clean_on_memory_and_the_langchain_adapter(mypy_errors):
+    assert mypy_errors == []

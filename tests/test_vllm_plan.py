@@ -1,0 +1,63 @@
+"""leyline_vllm.plan: which saved rows an edited prompt takes, and how (pure bookkeeping, no vLLM)."""
+
+from leyline_vllm.plan import RowCopy, Snapshot, covered, plan_turn, truncate
+
+
+def test_append_only_keeps_the_whole_snapshot():
+    plan = plan_turn(Snapshot("k", [1, 2, 3, 4]), [1, 2, 3, 4, 5, 6], rotate=True, min_rotated=2)
+    assert plan.prefix == 4 and plan.first == [RowCopy("k", 0, 0, 4)] and plan.rotated is None
+
+
+def test_deletion_rotates_the_rest_back_without_a_prefill():
+    old = list(range(100))
+    new = old[:40] + old[60:]
+    plan = plan_turn(Snapshot("k", old), new, rotate=True, min_rotated=16)
+    assert plan.prefix == 40 and plan.prefill_upto == 40
+    assert plan.rotated == RowCopy("k", 60, 40, 40, delta=-20)
+    assert covered(plan.first + [plan.rotated]) == 80
+
+
+def test_replacement_is_prefilled_before_the_rotated_run():
+    old = list(range(100))
+    new = old[:30] + [500, 501, 502] + old[50:]
+    plan = plan_turn(Snapshot("k", old), new, rotate=True, min_rotated=16)
+    assert plan.prefix == 30 and plan.prefill_upto == 33
+    assert plan.rotated == RowCopy("k", 50, 33, 50, delta=-17)
+
+
+def test_forget_keeps_only_the_prefix():
+    old = list(range(100))
+    plan = plan_turn(Snapshot("k", old), old[:30] + [7] + old[50:], rotate=False, min_rotated=16)
+    assert plan.prefix == 30 and plan.rotated is None and plan.first == [RowCopy("k", 0, 0, 30)]
+
+
+def test_short_runs_are_not_worth_rotating():
+    old = list(range(40))
+    plan = plan_turn(Snapshot("k", old), old[:30] + [7] + old[35:], rotate=True, min_rotated=16)
+    assert plan.rotated is None and plan.reason
+
+
+def test_no_snapshot_loads_nothing():
+    assert plan_turn(None, [1, 2, 3], rotate=True, min_rotated=1).first == []
+
+
+def test_truncate_and_covered():
+    copies = [RowCopy("a", 0, 0, 10), RowCopy("b", 20, 10, 10, 10)]
+    assert covered(copies) == 20
+    assert truncate(copies, 15) == [RowCopy("a", 0, 0, 10), RowCopy("b", 20, 10, 5, 10)]
+    assert covered([RowCopy("a", 0, 0, 10), RowCopy("b", 0, 12, 3)]) == 10  # a gap ends the coverage
+
+
+def test_plugin_never_imports_the_bundled_runtime():
+    """Imports flow one way: the vLLM adapter uses leyline_sdk and leyline_kernels only."""
+    import ast
+    from pathlib import Path
+
+    import leyline_vllm
+
+    for path in Path(leyline_vllm.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            assert not any(n.split(".")[0] in ("leyline_runtime", "leyline_langchain", "leyline_bench") for n in names), \
+                f"{path.name} imports {names}"

@@ -1,0 +1,252 @@
+"""Directives executed inside vLLM's paged cache (a real ``vllm serve`` + Leyline's plugins).
+
+References are vLLM itself: its own ``/v1/chat/completions`` (no session, no
+plugin code on the path) for fresh prefills, and rows a fresh session saved
+for layer-0 checks.
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+import uuid
+
+import httpx
+import numpy as np
+import pytest
+
+from leyline_sdk import LeylineClient
+from leyline_sdk.protocol import Directive, Message, Span
+from vllm_support import NO_PREFIX_CACHE, NO_PREFIX_CACHE_REASON
+
+
+TOPICS = ["the harbour", "a wool market", "the night train", "an old lighthouse", "the river delta",
+          "a mountain pass", "the salt flats", "a paper mill", "the orchard", "a copper mine"]
+
+
+def history(n: int = 8) -> list[Message]:
+    out = [Message(role="system", content="You are a careful travel writer. Answer in plain prose.")]
+    for i in range(n - 1):
+        role = "user" if i % 2 == 0 else "assistant"
+        topic = TOPICS[i % len(TOPICS)]
+        out.append(Message(role=role, content=(
+            f"Note {i}: describe {topic} in the early morning, the people who work there, what they carry, "
+            f"the weather over {topic}, and one small thing a visitor would miss. Keep it to one paragraph.")))
+    return out
+
+
+def edited(messages: list[Message], index: int, replacement: list[Message]) -> list[Message]:
+    return messages[:index] + replacement + messages[index + 1:]
+
+
+REPLACEMENT = [Message(role="user", content="Note X: skip that one; tell me about bread instead, briefly.")]
+
+
+@pytest.fixture()
+def client(base_url):
+    with LeylineClient(base_url, timeout=600) as c:
+        yield c
+
+
+def sid(prefix: str = "s") -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+def rows(base_url: str, session_id: str, layer: int) -> np.ndarray:
+    r = httpx.get(f"{base_url}/leyline/debug/sessions/{session_id}/rows", params={"layer": layer}, timeout=120)
+    r.raise_for_status()
+    body = r.json()
+    return np.frombuffer(base64.b64decode(body["data"]), dtype=np.float32).reshape(body["shape"])
+
+
+def fresh_reference(base_url: str, messages: list[Message], max_tokens: int = 6) -> dict:
+    """vLLM's own chat endpoint (no session: the plugin only forwards) on the same history."""
+    body = {"model": "leyline-tiny-mla", "messages": [m.model_dump(exclude_none=True) for m in messages],
+            "max_tokens": max_tokens, "temperature": 0, "logprobs": True, "top_logprobs": 5}
+    r = httpx.post(f"{base_url}/v1/chat/completions", json=body, timeout=600)
+    r.raise_for_status()
+    return r.json()["choices"][0]["logprobs"]["content"]
+
+
+def greedy(client: LeylineClient, session_id: str, max_tokens: int = 6):
+    return client.generate(session_id, max_tokens=max_tokens, temperature=0, logprobs=True, top_logprobs=5)
+
+
+def assert_same_generation(got, reference, tol: float) -> None:
+    assert [t.token for t in got.logprobs] == [t["token"] for t in reference]
+    worst = max(abs(t.logprob - r["logprob"]) for t, r in zip(got.logprobs, reference))
+    assert worst <= tol, worst
+
+
+@pytest.fixture()
+def tol(server):
+    """Tolerances by the cache dtype: fp32 here (no AMX), bf16 on AMX CPUs."""
+    bf16 = getattr(server, "dtype", "float32") == "bfloat16"
+    return {"logprob": 5e-2 if bf16 else 2e-2,  # bf16 noise of a fresh prefill
+            "row": 2 * 2.0 ** -8 if bf16 else 1e-3}  # of the rows' largest magnitude
+
+
+def test_forget_equals_vllm_fresh_prefill(client, base_url, tol, block):
+    old = history()
+    s = sid()
+    client.create_session(old, session_id=s)
+    result = client.apply(s, [Directive(span=Span(start=3, end=4), replacement=REPLACEMENT, mode="forget")])
+    (outcome,) = result.outcomes
+    assert outcome.applied_mode == "forget" and outcome.fallback_reason is None
+    assert outcome.rotated_tokens == 0
+    # the prefix before the span was loaded, not computed (whole blocks)
+    prefix_blocks = outcome.token_start - outcome.token_start % block
+    assert outcome.reused_tokens % block == 0 and prefix_blocks <= outcome.reused_tokens < outcome.token_start + block
+    assert prefix_blocks > 0
+    new = edited(old, 3, REPLACEMENT)
+    got = greedy(client, s)
+    assert_same_generation(got, fresh_reference(base_url, new), tol["logprob"])
+    assert got.usage.cached_tokens >= result.num_tokens - result.num_tokens % block - block
+
+
+def _amortize(client, s: str, old: list[Message]):
+    client.create_session(old, session_id=s)
+    result = client.apply(s, [Directive(span=Span(start=3, end=4), replacement=REPLACEMENT, mode="amortize")])
+    return result
+
+
+def _rotated_positions(outcome) -> range:
+    """New positions of the rotated rows: right after the replacement."""
+    first = outcome.token_start + (outcome.token_end - outcome.token_start) + outcome.delta
+    return range(first, first + outcome.rotated_tokens)
+
+
+def test_amortize_claims_prefix_and_rotated_blocks_and_layer0_rows_match(client, base_url, tol, block):
+    old = history()
+    s = sid()
+    result = _amortize(client, s, old)
+    (outcome,) = result.outcomes
+    assert outcome.applied_mode == "amortize", outcome.fallback_reason
+    prefix_blocks = outcome.token_start - outcome.token_start % block
+    assert outcome.reused_tokens >= prefix_blocks > 0
+    assert outcome.rotated_tokens >= 4 * block
+    assert outcome.delta != 0
+    moved = _rotated_positions(outcome)
+    # the edited prompt's cached tokens: at least prefix + rotated full blocks
+    got = greedy(client, s)
+    assert got.usage.cached_tokens >= prefix_blocks + (moved.stop - moved.stop % block - moved.start)
+
+    fresh = sid("fresh")
+    client.create_session(edited(old, 3, REPLACEMENT), session_id=fresh)
+    spliced, reference = rows(base_url, s, 0), rows(base_url, fresh, 0)
+    a, b = spliced[moved.start:moved.stop], reference[moved.start:moved.stop]
+    scale = np.abs(b).max()
+    # layer 0 depends only on token and position: the rotated rows are exact up to rounding
+    assert np.abs(a - b).max() <= tol["row"] * scale, np.abs(a - b).max() / scale
+    # ...and layer 1 still carries the old context (amortize is approximate there)
+    assert np.abs(rows(base_url, s, 1)[moved.start:moved.stop] - rows(base_url, fresh, 1)[moved.start:moved.stop]).max() > 0
+
+
+def test_unrotated_copy_fails_the_layer0_check(client, base_url, tol):
+    """Negative control: the same splice with k_pe copied unrotated (test hook) is far off at layer 0."""
+    old = history()
+    s = "norotate-amortize"
+    result = _amortize(client, s, old)
+    (outcome,) = result.outcomes
+    assert outcome.applied_mode == "amortize"
+    moved = _rotated_positions(outcome)
+    fresh = sid("fresh")
+    client.create_session(edited(old, 3, REPLACEMENT), session_id=fresh)
+    a, b = rows(base_url, s, 0)[moved.start:moved.stop], rows(base_url, fresh, 0)[moved.start:moved.stop]
+    kv_lora = 512
+    assert np.abs(a[:, :kv_lora] - b[:, :kv_lora]).max() <= tol["row"] * np.abs(b).max()  # c_kv copied fine
+    assert np.abs(a[:, kv_lora:] - b[:, kv_lora:]).max() > 0.1 * np.abs(b[:, kv_lora:]).max()  # k_pe is not
+    client.delete_session(s)
+
+
+def test_another_session_gets_no_spliced_rows(client, base_url):
+    """Salt isolation: a second session with the very same edited history computes its own rows."""
+    old = history()
+    s = sid()
+    _amortize(client, s, old)
+    other = sid("other")
+    info = client.create_session(edited(old, 3, REPLACEMENT), session_id=other)
+    assert info.counters.reused_tokens == 0 and info.counters.prefilled_tokens == info.num_tokens
+    fresh = sid("fresh")
+    client.create_session(edited(old, 3, REPLACEMENT), session_id=fresh)
+    # layer 1: the spliced session differs from a fresh prefill, the other session does not
+    spliced, mine, reference = (rows(base_url, x, 1) for x in (s, other, fresh))
+    assert np.abs(mine - reference).max() <= 1e-4 * np.abs(reference).max()
+    assert np.abs(spliced - reference).max() > 1e-3 * np.abs(reference).max()
+
+
+@pytest.mark.parametrize("mode", ["amortize", "forget"])
+def test_fault_after_partial_write_falls_back_to_honest_prefill(client, base_url, mode, tol):
+    old = history()
+    s = f"fault-{mode}"  # the server injects a fault into this session's loads after layer 0 is written
+    client.create_session(old, session_id=s)
+    result = client.apply(s, [Directive(span=Span(start=3, end=4), replacement=REPLACEMENT, mode=mode)])
+    (outcome,) = result.outcomes
+    assert outcome.applied_mode == "forget"
+    assert outcome.fallback_reason and "kv_load_failed" in outcome.fallback_reason
+    assert "injected test fault" in outcome.fallback_reason
+    assert outcome.rotated_tokens == 0
+    got = greedy(client, s)  # the session's rows are an honest prefill: same answer as fresh
+    assert_same_generation(got, fresh_reference(base_url, edited(old, 3, REPLACEMENT)), tol["logprob"])
+    fresh = sid("fresh")
+    client.create_session(edited(old, 3, REPLACEMENT), session_id=fresh)
+    for layer in (0, 1):
+        a, b = rows(base_url, s, layer), rows(base_url, fresh, layer)
+        n = min(len(a), len(b))
+        assert np.abs(a[:n] - b[:n]).max() <= 1e-4 * np.abs(b).max()
+    client.delete_session(s)
+
+
+def test_bundled_runtime_and_vllm_agree_on_first_token(client, checkpoint):
+    """Same weights, same directive: the bundled runtime vs vLLM, first-token top-5 (JSD reported)."""
+    from leyline_runtime.runtime import Runtime, RuntimeConfig
+    from leyline_sdk.protocol import DirectiveBatch, GenerateRequest, SessionCreate
+
+    old = history()
+    directive = Directive(span=Span(start=3, end=4), replacement=REPLACEMENT, mode="amortize")
+    bundled = Runtime(RuntimeConfig(model_path=str(checkpoint)))
+    info = bundled.create_session(SessionCreate(session_id="b", messages=old))
+    b_result = bundled.apply(DirectiveBatch(session_id="b", directives=[directive]))
+    b_gen = bundled.generate("b", GenerateRequest(max_tokens=1, temperature=0, logprobs=True, top_logprobs=5))
+
+    s = sid()
+    v_info = client.create_session(old, session_id=s)
+    assert v_info.num_tokens == info.num_tokens  # the same token ids on both engines
+    v_result = client.apply(s, [directive])
+    assert v_result.num_tokens == b_result.num_tokens
+    assert v_result.outcomes[0].applied_mode == b_result.outcomes[0].applied_mode == "amortize"
+    v_gen = greedy(client, s, max_tokens=1)
+
+    b_top = {t.token: t.logprob for t in b_gen.logprobs[0].top_logprobs}
+    v_top = {t.token: t.logprob for t in v_gen.logprobs[0].top_logprobs}
+    jsd = top_k_jsd(b_top, v_top)
+    print(f"\nbundled vs vLLM first-token top-5 JSD after amortize: {jsd:.2e} "
+          f"(bundled {sorted(b_top, key=b_top.get, reverse=True)}, vLLM {sorted(v_top, key=v_top.get, reverse=True)})")
+    assert set(b_top) == set(v_top)
+    assert jsd < 1e-3
+
+
+def top_k_jsd(p_top: dict[str, float], q_top: dict[str, float]) -> float:
+    """Jensen-Shannon divergence (nats) of two top-k distributions renormalised over their union."""
+    keys = sorted(set(p_top) | set(q_top))
+    floor = min(min(p_top.values()), min(q_top.values()))  # a token missing from one side: below its top-k
+    p = np.array([math.exp(p_top.get(k, floor)) for k in keys])
+    q = np.array([math.exp(q_top.get(k, floor)) for k in keys])
+    p, q = p / p.sum(), q / q.sum()
+    m = (p + q) / 2
+    return float(0.5 * (p * np.log(p / m)).sum() + 0.5 * (q * np.log(q / m)).sum())
+
+
+@pytest.mark.skipif(NO_PREFIX_CACHE, reason=NO_PREFIX_CACHE_REASON)
+def test_vllm_prefix_cache_is_salted_per_session(client, base_url):
+    """Where vLLM keeps its prefix cache (AMX CPUs, GPUs): a plain resend hits it, another session does not."""
+    old = history()
+    body = {"model": "leyline-tiny-mla", "messages": [m.model_dump(exclude_none=True) for m in old],
+            "max_tokens": 1, "temperature": 0}
+    httpx.post(f"{base_url}/v1/chat/completions", json=body, timeout=600).raise_for_status()
+    again = httpx.post(f"{base_url}/v1/chat/completions", json=body, timeout=600).json()
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+    s = sid()
+    _amortize(client, s, old)
+    info = client.create_session(edited(old, 3, REPLACEMENT), session_id=sid("other"))
+    assert info.counters.reused_tokens == 0  # its salt differs: none of s's (spliced) blocks

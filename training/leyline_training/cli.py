@@ -1,0 +1,58 @@
+"""The flags of ``leyline-runtime train`` / ``evaluate`` (and ``python -m leyline_training.*``).
+
+Kept free of torch so that building the parser (``--help``) stays instant; the
+trainer and evaluator (``train.run``, ``evaluate.run``) are imported only when
+a command runs, and they import this module, never the other way round.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+TRAIN_HELP = "train the embedded default model from scratch on local data (resumable, time budget)"
+EVALUATE_HELP = ("held-out perplexity (vs the seeded random model) and agent-loop evaluation on test-split "
+                 "synthetic tasks through the runtime")
+
+
+def add_train_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--out", required=True, help="run folder (checkpoint.pt, model/)")
+    ap.add_argument("--minutes", type=float, default=70.0, help="time budget; the LR decays to it")
+    ap.add_argument("--seq-len", type=int, default=2048)
+    ap.add_argument("--batch", type=int, default=1,
+                    help="rows of --seq-len per micro-batch (shorter curriculum phases take proportionally more rows)")
+    ap.add_argument("--accum", type=int, default=1, help="micro-batches per optimiser step")
+    ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--min-lr-ratio", type=float, default=0.05)
+    ap.add_argument("--warmup-steps", type=int, default=60)
+    ap.add_argument("--weight-decay", type=float, default=0.1)
+    ap.add_argument("--grad-clip", type=float, default=1.0)
+    ap.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto",
+                    help="float32, or bfloat16 autocast for forward/backward; auto picks bfloat16 only where "
+                         "the CPU has native bf16 matmuls (default: %(default)s)")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
+    ap.add_argument("--assistant-weight", type=float, default=2.0, help="loss weight of assistant tokens")
+    ap.add_argument("--transcript-share", type=float, default=0.7, help="transcript fraction of the tokens")
+    ap.add_argument("--curriculum", default="1024:0.4",
+                    help="shorter rows first: LEN:FRACTION[,...] of the budget, then --seq-len ('' = none)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--checkpoint-minutes", type=float, default=5.0)
+    ap.add_argument("--no-resume", action="store_true", help="ignore an existing checkpoint")
+    ap.add_argument("--log-every", type=int, default=10)
+    ap.add_argument("--max-steps", type=int, default=None)
+    ap.add_argument("--tokenizer", default=None, help="tokenizer.json (default: the embedded default model's)")
+    ap.add_argument("--export", default=None, help="also copy the final folder's files here")
+    ap.add_argument("--eval-transcripts", type=int, default=32, help="held-out transcripts scored at the end")
+
+
+def add_evaluate_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--model", default="default", help="model folder, or 'default' for the embedded model")
+    ap.add_argument("--tasks", type=int, default=200, help="held-out tasks for the agent loop (0: skip)")
+    ap.add_argument("--start", type=int, default=0, help="first test seed")
+    ap.add_argument("--max-turns", type=int, default=8)
+    ap.add_argument("--max-tokens", type=int, default=256, help="per assistant turn")
+    ap.add_argument("--ppl-transcripts", type=int, default=64, help="test transcripts for perplexity (0: skip)")
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--records", action="store_true", help="keep per-task records in the JSON")
+    ap.add_argument("--constrained", action="store_true",
+                    help="decode with the chat route's grammar (only offered tools, schema-valid arguments)")
+    ap.add_argument("--out", default=None, help="write the JSON here (default: stdout only)")
