@@ -38,6 +38,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+
 from langchain.agents.middleware import AgentMiddleware, ClearToolUsesEdit, ContextEditingMiddleware
 from langchain_core.messages import AIMessage, RemoveMessage, ToolMessage
 from langchain_core.tools import ToolException, tool
@@ -200,9 +201,9 @@ async def run(args: argparse.Namespace) -> Report:
     report = Report()
     memory = LeylineMemory(leyline_client(), on_call=report)
 
-    agent = create_agent(  # Leyline's middleware goes last: it sees the view the model gets
+    agent = create_agent(  # leyline_langchain.create_agent: Leyline's middleware goes last
         memory,
-        tools=[calculator, read_file],
+        [calculator, read_file],
         model_kwargs={"max_tokens": args.max_tokens},
         system_prompt="You are an order assistant. Use read_file and calculator; answer with the total.",
         middleware=[

@@ -559,7 +559,8 @@ class LeylineMemory:
         Touching edits inside one tool unit become one directive.
         """
         directives, tail = split_append(old, new, policy=self.policy)
-        send, local = [], []
+        send: list[Directive] = []
+        local: list[Directive] = []
         for d in directives:
             before = [m.fingerprint() for m in old[d.span.start:d.span.end]]
             after = [m.fingerprint() for m in d.replacement]  # type: ignore[union-attr]

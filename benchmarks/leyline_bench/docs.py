@@ -34,6 +34,7 @@ _FENCE = re.compile(r"^```(\w*)\n(.*?)^```$", re.S | re.M)
 _EXAMPLE = re.compile(r"<!-- example: (\S+) -->\n```python\n(.*?)^```$", re.S | re.M)
 _VOLATILE = [
     (re.compile(r"chatcmpl-[0-9a-f]+"), "chatcmpl-<id>"),
+    (re.compile(r"call_[0-9a-f]{12}_"), "call_<id>_"),  # tool-call ids are random (unique per thread)
     (re.compile(r'("created": ?)\d+'), r"\1<time>"),
     (re.compile(r'("elapsed_ms": ?)[0-9.e+-]+'), r"\1<ms>"),
     (re.compile(r"^(\w+_created(?:\{[^}]*\})?) \S+$", re.M), r"\1 <time>"),

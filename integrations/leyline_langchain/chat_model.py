@@ -102,7 +102,7 @@ class ChatLeyline(BaseChatModel):
     def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
         params = super()._get_ls_params(stop=stop, **kwargs)
         params["ls_provider"] = "leyline"
-        params["ls_model_name"] = self.model
+        params["ls_model_name"] = kwargs.get("model", self.model)
         params["ls_max_tokens"] = kwargs.get("max_tokens", self.max_tokens)
         params["ls_temperature"] = kwargs.get("temperature", self.temperature)
         if stop or self.stop:

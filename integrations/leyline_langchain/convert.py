@@ -93,7 +93,7 @@ def to_leyline(message: BaseMessage | Message) -> Message:
         if role is None or role in ("assistant", "tool"):
             # A generic ChatMessage has no tool-call fields; assistant text is fine.
             role = role or "user"
-        return Message(role=role, content=_text(message), id=msg_id)
+        return Message(role=role, content=_text(message), id=msg_id)  # type: ignore[arg-type]  # checked above
     raise TypeError(f"cannot send a {type(message).__name__} to the runtime")
 
 
@@ -114,9 +114,10 @@ def _tool_calls(message: AIMessage) -> list[ToolCall]:
         arguments = json.dumps(call.get("args") or {}, ensure_ascii=False)
         calls.append(_tool_call(message, index, call.get("id"), call["name"], arguments))
     # Calls whose arguments were not a JSON object (see from_leyline): the raw text.
-    for index, call in enumerate(message.invalid_tool_calls, start=len(calls)):
-        if call.get("name") and call.get("id"):
-            calls.append(_tool_call(message, index, call["id"], call["name"], call.get("args") or ""))
+    for index, invalid in enumerate(message.invalid_tool_calls, start=len(calls)):
+        name, call_id, raw = invalid.get("name"), invalid.get("id"), invalid.get("args")
+        if name and call_id:
+            calls.append(_tool_call(message, index, call_id, name, raw if isinstance(raw, str) else json.dumps(raw)))
     return calls
 
 

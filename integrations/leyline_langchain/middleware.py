@@ -56,7 +56,7 @@ class LeylineMiddleware(AgentMiddleware):
         thread = model.thread_id or self.memory.current_thread_id()
         messages = repair_orphans(request.messages, self.memory.placeholder)
         if messages is not request.messages:
-            request = request.override(messages=messages)
+            request = request.override(messages=messages)  # type: ignore[arg-type]  # same messages, repaired
         history: list[BaseMessage] = list(messages)
         if request.system_message is not None:
             history.insert(0, request.system_message)

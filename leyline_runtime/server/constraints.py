@@ -13,9 +13,11 @@
 
 The arguments are written exactly as the template renders calls
 (``json.dumps`` separators), so a constrained reply looks like a trained one.
-Numbers are written with at most six decimals (``multipleOf`` 1e-6 where a schema
-sets none): still valid against the schema, and a small model sampling at
-temperature 1 cannot spend its whole budget on the digits of one number.
+Tightenings keep replies short and still valid against the caller's schema:
+numbers have at most six decimals (``multipleOf`` 1e-6 where a schema sets none),
+integers without bounds stay within ±10^15, and an object that lists its ``properties`` gets no others unless the schema says
+``additionalProperties`` itself. A small model sampling at temperature 1 then
+cannot spend its whole budget on the digits of one number or on invented keys.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separat
 ANY_OBJECT: dict[str, Any] = {"type": "object"}
 BIAS_LIMIT = 100.0
 NUMBER_STEP = 0.000001  # see the module docstring
+INTEGER_LIMIT = 10**15
 
 
 @dataclass
@@ -140,20 +143,26 @@ def _call_schema(tool: Tool) -> dict[str, Any]:
 
 
 def _json_rule(name: str, schema: dict[str, Any]) -> str:
-    schema = _bounded_numbers(schema)
-    return f"{name}: %json{json.dumps({**schema, 'x-guidance': JSON_STYLE}, sort_keys=True)}"
+    schema = _tightened(schema)
+    # key order matters: properties are written in the order listed ("name" before "arguments")
+    return f"{name}: %json{json.dumps({**schema, 'x-guidance': JSON_STYLE})}"
 
 
-def _bounded_numbers(node: Any) -> Any:
-    """``node`` with ``multipleOf`` set on every number schema that has none."""
+def _tightened(node: Any) -> Any:
+    """``node`` with the two tightenings of the module docstring, at every level."""
     if isinstance(node, list):
-        return [_bounded_numbers(n) for n in node]
+        return [_tightened(n) for n in node]
     if not isinstance(node, dict):
         return node
-    out = {k: _bounded_numbers(v) for k, v in node.items()}
+    out = {k: _tightened(v) for k, v in node.items()}
     types = out.get("type")
     if (types == "number" or isinstance(types, list) and "number" in types) and "multipleOf" not in out:
         out["multipleOf"] = NUMBER_STEP
+    unbounded = not {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"} & set(out)
+    if (types == "integer" or isinstance(types, list) and "integer" in types) and unbounded:
+        out["minimum"], out["maximum"] = -INTEGER_LIMIT, INTEGER_LIMIT
+    if isinstance(out.get("properties"), dict) and "additionalProperties" not in out:
+        out["additionalProperties"] = False
     return out
 
 

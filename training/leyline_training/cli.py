@@ -53,4 +53,6 @@ def add_evaluate_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--ppl-transcripts", type=int, default=64, help="test transcripts for perplexity (0: skip)")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--records", action="store_true", help="keep per-task records in the JSON")
+    ap.add_argument("--constrained", action="store_true",
+                    help="decode with the chat route's grammar (only offered tools, schema-valid arguments)")
     ap.add_argument("--out", default=None, help="write the JSON here (default: stdout only)")

@@ -181,9 +181,15 @@ class RuntimeGenerator:
     fresh session is created.
     """
 
-    def __init__(self, runtime, max_tokens: int = 256):
+    def __init__(self, runtime, max_tokens: int = 256, constrained: bool = False):
         self.runtime = runtime
         self.max_tokens = max_tokens
+        # constrained: the chat route's grammar (calls name offered tools, arguments match their schemas)
+        self.grammars = None
+        if constrained:
+            from leyline_runtime.grammar import GrammarCompiler
+
+            self.grammars = GrammarCompiler(runtime.tokenizer)
         self.session_id: str | None = None
         self.history: list[Message] = []
 
@@ -199,8 +205,14 @@ class RuntimeGenerator:
             self.close()
             info = self.runtime.create_session(SessionCreate(messages=[]))
             self.session_id, new = info.session_id, messages
-        resp = self.runtime.generate(self.session_id, GenerateRequest(
-            messages=new, max_tokens=self.max_tokens, temperature=0.0))
+        request = GenerateRequest(messages=new, max_tokens=self.max_tokens, temperature=0.0,
+                                  tools=tools if self.grammars is not None else None)
+        processors = None
+        if self.grammars is not None:
+            from leyline_runtime.server.constraints import native_processors
+
+            processors = native_processors(request, self.runtime.tokenizer, self.grammars)
+        resp = self.runtime.generate(self.session_id, request, processors=processors)
         self.history = list(messages) + [resp.message]
         return resp.message
 
@@ -241,7 +253,8 @@ def run(args: argparse.Namespace) -> dict:
         from leyline_runtime.runtime import Runtime, RuntimeConfig
 
         runtime = Runtime(RuntimeConfig(model_path=path))
-        gen = RuntimeGenerator(runtime, max_tokens=args.max_tokens)
+        gen = RuntimeGenerator(runtime, max_tokens=args.max_tokens, constrained=args.constrained)
+        result["constrained"] = args.constrained
         agent = run_agent_eval(gen, args.tasks, args.max_turns, args.start, progress=log)
         gen.close()
         if not args.records:
