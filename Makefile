@@ -3,8 +3,8 @@
 # suite; installs the dev set-up). Both build .venv first.
 #
 #   make serve [PORT=8000] [ARGS="--api-key KEY --max-cache-tokens N ..."]
-#   make test          everything CI runs (.ci/run calls it)
-#   make test-fast     the same without the tests marked slow
+#   make test          the suite without the tests marked slow (.ci/run calls it first)
+#   make test-slow     the tests marked slow (.ci/run calls it second)
 #   make typecheck     mypy on leyline_sdk and leyline_langchain
 #   make docs          regenerate the README's example outputs (tests/test_docs.py checks them)
 #   make dist          both wheels into dist/: leyline-kv and the SDK-only leyline-kv-sdk
@@ -22,7 +22,7 @@ VLLM_VENV := .venv-vllm
 VLLM_BIN := $(VLLM_VENV)/bin
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: serve test test-fast typecheck docs dist install clean test-vllm
+.PHONY: serve test test-slow typecheck docs dist install clean test-vllm
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -45,11 +45,14 @@ serve: $(RUNTIME_STAMP)
 	@echo "leyline-bench is $(BIN)/leyline-bench (after $(BIN)/pip install -e '.[bench]')"
 	$(BIN)/leyline-runtime serve --port $(PORT) $(ARGS)
 
+# The README's test command: everything but the tests marked slow (~12 min budget on 2 busy cores).
 test: $(DEV_STAMP)
-	$(PYTEST)
-
-test-fast: $(DEV_STAMP)
 	$(PYTEST) -m "not slow"
+
+# The slow tests (throwaway-venv installs, mypy, README regeneration, langchain-tests' integration
+# suite against a real server); .ci/run runs them after make test.
+test-slow: $(DEV_STAMP)
+	$(PYTEST) -m slow
 
 typecheck: $(DEV_STAMP)
 	$(BIN)/python -m mypy -p leyline_sdk -p leyline_langchain
