@@ -576,7 +576,7 @@ class LeylineMemory:
                     and prev.span.end > prev.span.start and d.span.end > d.span.start
                     and _unit(old, prev.span.end - 1) is not None
                     and _unit(old, prev.span.end - 1) == _unit(old, d.span.start)):
-                replacement = [*prev.replacement, *d.replacement]  # type: ignore[misc]
+                replacement = [*prev.replacement, *d.replacement]
                 edit = EditContext(old_messages=tuple(old[prev.span.start:d.span.end]),
                                    new_messages=tuple(replacement), start=prev.span.start,
                                    total_messages=len(old))

@@ -13,10 +13,6 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-# Owned by the LangChain side of issue 15: 7 mypy errors remain there (memory.py: 3, convert.py: 3,
-# middleware.py: 1). The second test reports them until they are fixed; then drop IN_PROGRESS and the xfail.
-IN_PROGRESS = ("leyline_sdk/memory.py", "integrations/leyline_langchain/")
-
 pytestmark = pytest.mark.slow
 
 
@@ -28,11 +24,5 @@ def mypy_errors() -> list[str]:
     return [line for line in result.stdout.splitlines() if re.match(r"^[\w/.-]+\.py:\d+: error:", line)]
 
 
-def test_mypy_clean_on_the_sdk(mypy_errors):
-    assert [e for e in mypy_errors if not e.startswith(IN_PROGRESS)] == []
-
-
-@pytest.mark.xfail(reason="7 mypy errors in leyline_sdk/memory.py and leyline_langchain, owned by the LangChain "
-                          "side of issue 15", strict=False)
-def test_mypy_clean_on_memory_and_the_langchain_adapter(mypy_errors):
+def test_mypy_clean_on_the_sdk_and_the_langchain_adapter(mypy_errors):
     assert mypy_errors == []
