@@ -20,8 +20,8 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from leyline_sdk.protocol import FunctionCall, Message, ToolCall
-from leyline_sdk.tools_prompt import END_TOOL_CALL, TOOL_CALL, render_tools  # noqa: F401 (part of the template)
+from leyline_sdk.protocol import Message, ToolCall
+from leyline_sdk.tools_prompt import END_TOOL_CALL, TOOL_CALL, parse_tool_call, render_tools  # noqa: F401 (part of the template)
 
 ROLE_TOKENS = {
     "system": "<|system|>",
@@ -85,7 +85,7 @@ def parse_assistant(text: str, call_id_prefix: str | None = None) -> ParsedAssis
     for match in _TOOL_CALL_RE.finditer(text):
         content_parts.append(text[cursor:match.start()])
         cursor = match.end()
-        call = _parse_call(match.group(1), f"{prefix}_{len(calls)}")
+        call = parse_tool_call(match.group(1), f"{prefix}_{len(calls)}")
         if call is None:
             malformed.append(match.group(1))
             content_parts.append(match.group(0))
@@ -124,7 +124,7 @@ def parse_assistant_tokens(ids: list[int], decode: Callable[[list[int]], str], t
         if kind == "text":
             content.append(text[:cut - cursor])
         elif kind == "call" and cursor + len(text) + marker[kind] <= cut:
-            call = _parse_call(text, f"{prefix}_{len(calls)}")
+            call = parse_tool_call(text, f"{prefix}_{len(calls)}")
             if call is None:
                 malformed.append(text)
             else:
@@ -153,15 +153,3 @@ def _segments(ids: list[int], open_id: int, close_id: int) -> list[tuple[str, li
         out.append((kind, run))
     return out
 
-
-def _parse_call(payload: str, call_id: str) -> ToolCall | None:
-    try:
-        obj = json.loads(payload)
-    except json.JSONDecodeError:
-        return None
-    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
-        return None
-    arguments = obj.get("arguments", {})
-    if not isinstance(arguments, str):
-        arguments = json.dumps(arguments, ensure_ascii=False)
-    return ToolCall(id=call_id, function=FunctionCall(name=obj["name"], arguments=arguments))

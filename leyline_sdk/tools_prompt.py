@@ -11,7 +11,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .protocol import Message
+from .protocol import FunctionCall, Message, ToolCall
 
 TOOL_CALL = "<|tool_call|>"
 END_TOOL_CALL = "<|end_tool_call|>"
@@ -47,3 +47,18 @@ def tools_message(tools: Sequence[Mapping[str, Any]], *, call: str | None = None
     elif required:
         text += "\nCall one of the tools now."
     return Message(role="system", content=text, id=TOOLS_MESSAGE_ID)
+
+
+def parse_tool_call(payload: str, call_id: str) -> ToolCall | None:
+    """The call written between the tool-call markers (``{"name": ..., "arguments": ...}``), or
+    None when it is not one; object arguments are re-serialised as the JSON string OpenAI carries."""
+    try:
+        obj = json.loads(payload)
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
+        return None
+    arguments = obj.get("arguments", {})
+    if not isinstance(arguments, str):
+        arguments = json.dumps(arguments, ensure_ascii=False)
+    return ToolCall(id=call_id, function=FunctionCall(name=obj["name"], arguments=arguments))

@@ -16,8 +16,8 @@ import re
 import uuid
 
 from leyline_sdk.errors import ValidationFailed
-from leyline_sdk.protocol import FunctionCall, Message, ToolCall
-from leyline_sdk.tools_prompt import END_TOOL_CALL, TOOL_CALL, TOOLS_MESSAGE_ID
+from leyline_sdk.protocol import Message, ToolCall
+from leyline_sdk.tools_prompt import END_TOOL_CALL, TOOL_CALL, TOOLS_MESSAGE_ID, parse_tool_call
 
 
 def render_tool_call(call: ToolCall) -> str:
@@ -100,7 +100,7 @@ def parse_assistant(text: str, call_id_prefix: str | None = None) -> Message:
     for match in _CALL_RE.finditer(text):
         parts.append(text[cursor:match.start()])
         cursor = match.end()
-        call = _parse_call(match.group(1), f"{prefix}_{len(calls)}")
+        call = parse_tool_call(match.group(1), f"{prefix}_{len(calls)}")
         if call is None:
             parts.append(match.group(0))  # malformed: keep what the model wrote
         else:
@@ -108,15 +108,3 @@ def parse_assistant(text: str, call_id_prefix: str | None = None) -> Message:
     parts.append(text[cursor:])
     return Message(role="assistant", content="".join(parts), tool_calls=calls or None)
 
-
-def _parse_call(payload: str, call_id: str) -> ToolCall | None:
-    try:
-        obj = json.loads(payload)
-    except json.JSONDecodeError:
-        return None
-    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
-        return None
-    arguments = obj.get("arguments", {})
-    if not isinstance(arguments, str):
-        arguments = json.dumps(arguments, ensure_ascii=False)
-    return ToolCall(id=call_id, function=FunctionCall(name=obj["name"], arguments=arguments))
