@@ -32,7 +32,8 @@ DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
 # RuntimeConfig's defaults, repeated so that --help does not import torch
 # (tests/test_server_cli.py checks they agree).
-SERVE_DEFAULTS = {"dtype": "float32", "device": "cpu", "max_cache_tokens": 65536, "model_name": "leyline-default"}
+SERVE_DEFAULTS = {"dtype": "float32", "device": "cpu", "max_cache_tokens": 65536, "model_name": "leyline-default",
+                  "max_num_seqs": 64, "max_batched_tokens": 512}
 DRIFT_BUDGET_DEFAULT = 24.0  # AutoConfig.drift_budget (checked by the same test)
 # server.limits.Limits' defaults, for the same reason.
 LIMIT_DEFAULTS = {"max_body_bytes": 8 * 2**20, "max_message_bytes": 2**20, "max_messages": 4096,
@@ -69,6 +70,12 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                         "token. 'none' turns repairs off (default: %(default)s)")
     p.add_argument("--threads", type=int, metavar="N", default=None,
                    help="torch CPU threads (default: torch's choice)")
+    sched = p.add_argument_group("scheduling (see docs/operations.md)")
+    sched.add_argument("--max-num-seqs", type=_positive, metavar="N", default=defaults.max_num_seqs,
+                       help="generations decoding together in one step; more take turns (default: %(default)s)")
+    sched.add_argument("--max-batched-tokens", type=_positive, metavar="N", default=defaults.max_batched_tokens,
+                       help="tokens per step while sequences decode; prefill chunks fill what decode steps "
+                            "leave (default: %(default)s)")
     limits = p.add_argument_group("request limits and timeouts (see docs/operations.md)")
     limits.add_argument("--max-body-bytes", type=int, metavar="N", default=LIMIT_DEFAULTS["max_body_bytes"],
                         help="largest request body; larger is 413 request_too_large, unread (default: %(default)s)")
@@ -95,6 +102,16 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                         "(default: none; sessions live in memory only)")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
                    help="server log level (default: %(default)s)")
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, not {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
 
 
 def _drift_budget(text: str) -> float | None:
@@ -205,7 +222,8 @@ def build_runtime(args: argparse.Namespace):
     config = RuntimeConfig(model_path=args.model, dtype=args.dtype, device=args.device,
                            max_cache_tokens=args.max_cache_tokens, api_keys=list(args.api_keys),
                            model_name=args.model_name, auto=AutoConfig(drift_budget=args.drift_budget),
-                           max_request_tokens=args.max_request_tokens)
+                           max_request_tokens=args.max_request_tokens, max_num_seqs=args.max_num_seqs,
+                           max_batched_tokens=args.max_batched_tokens)
     source = args.model or f"embedded default ({DEFAULT_MODEL_DIR})"
     with stage(f"[1/3] loading model: {source}"):
         dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[args.dtype]

@@ -47,7 +47,11 @@ class GenerationState:
     def step(self, logits: torch.Tensor) -> tuple[int, Generation | None]:
         """Sample the next token from ``logits`` [vocab]; -> (token, the finished generation or None)."""
         params = self.params
-        tok = sample_token(logits, self.sampler)
+        choice = logits
+        if len(self.tokens) < params.min_tokens and self.stop_ids:  # too early to end the message
+            choice = logits.clone()
+            choice[list(self.stop_ids)] = float("-inf")
+        tok = sample_token(choice, self.sampler)
         if params.logprobs:  # from the model's own distribution, whatever the processors did
             self.logprobs.append(_logprob_entry(logits, tok, params.top_logprobs))
         if tok in self.stop_ids:

@@ -305,6 +305,15 @@ class SamplingParams(BaseModel):
     stop: list[Text] | Text | None = None
     logprobs: bool = False
     top_logprobs: int = Field(default=0, ge=0, le=20)
+    min_tokens: int = Field(default=0, ge=0, le=8192,
+                            description="The end of the message cannot be sampled before this many tokens "
+                                        "(vLLM's min_tokens; stop strings still apply)")
+
+    @model_validator(mode="after")
+    def _min_within_max(self) -> SamplingParams:
+        if self.min_tokens > self.max_tokens:
+            raise ValueError(f"min_tokens ({self.min_tokens}) exceeds max_tokens ({self.max_tokens})")
+        return self
 
     def stop_strings(self) -> list[str]:
         if self.stop is None:

@@ -78,6 +78,37 @@ def test_batched_greedy_tokens_and_logprobs_equal_solo(rt, monkeypatch):
         rt.delete_session(sid)
 
 
+def test_gathered_decode_attention_equals_reading_rows_in_place(rt, monkeypatch):
+    """Decode steps batched over one padded gather of their rows == each over its rows in place."""
+    from leyline_runtime.kv_cache import BlockTable, ensure_capacity
+    from leyline_runtime.model import batch
+
+    pool, gen = rt.pool, torch.Generator().manual_seed(0)
+    lengths = [3, 40, 17, 200, 129, 64]
+    tables = []
+    for n in lengths:
+        tables.append(BlockTable(pool.block_size))
+        ensure_capacity(pool, tables[-1], n)
+    try:
+        for t, n in zip(tables, lengths):
+            pool.rows[:, t.rows(0, n)] = torch.randn(pool.rows.shape[0], n, pool.rows.shape[2], generator=gen)
+        ids = torch.randint(0, rt.model.config.vocab_size, (len(lengths),), generator=gen)
+
+        def logits():
+            segments = [(n - 1, 1, t.extents(n)) for t, n in zip(tables, lengths)]
+            layout = batch.BatchLayout.build(segments, list(range(len(lengths))), pool.rows.device)
+            return layout.decode_gather is not None, rt.model.forward_batch(ids, pool.rows, layout)
+
+        gathered, a = logits()
+        monkeypatch.setattr(batch, "MAX_DECODE_GATHER_ROWS", 0)
+        in_place, b = logits()
+        assert gathered and not in_place
+        assert (a - b).abs().max().item() <= 1e-5
+    finally:
+        for t in tables:
+            pool.free(t.blocks)
+
+
 def test_a_cancelled_generation_stops_alone_and_leaves_its_session_unchanged(rt):
     sids = [rt.create_session(SessionCreate(messages=h)).session_id for h in histories()[:3]]
     before = rt.get_session(sids[0], include_messages=True)

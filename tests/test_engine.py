@@ -70,3 +70,14 @@ def test_block_pool_capacity_error():
         pool.allocate(1)
     pool.free(got)
     assert pool.num_free == 2
+
+
+def test_min_tokens_holds_back_the_end_of_the_message(rt):
+    sid = rt.create_session(SessionCreate(messages=agent_history())).session_id
+    free = rt.generate(sid, GenerateRequest(max_tokens=64)).usage.completion_tokens
+    rt.delete_session(sid)
+    assert free < 64  # the model ends this reply by itself ...
+    sid = rt.create_session(SessionCreate(messages=agent_history())).session_id
+    held = rt.generate(sid, GenerateRequest(max_tokens=free + 6, min_tokens=free + 6))
+    rt.delete_session(sid)
+    assert held.usage.completion_tokens == free + 6 and held.finish_reason == "length"  # ... but not before min_tokens

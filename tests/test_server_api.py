@@ -191,6 +191,7 @@ def test_bad_spans_leave_session_unchanged(client, directives, code):
     ("post", "/directives", {"session_id": "x", "directives": [{"span": {"start": 3, "end": 1}}]}),
     ("post", "/sessions/x/generate", {"max_tokens": 0}),
     ("post", "/sessions/x/generate", {"temperature": -1}),
+    ("post", "/sessions/x/generate", {"max_tokens": 4, "min_tokens": 5}),
     ("post", "/sessions/x/messages", {"messages": []}),
 ])
 def test_validation_errors_have_the_error_shape(client, method, path, body):
@@ -207,6 +208,13 @@ def test_validation_errors_have_the_error_shape(client, method, path, body):
 def test_v1_validation_errors_are_openai_400s_naming_the_field(client, body, param):
     err = assert_error(client.post("/v1/chat/completions", json=body), 400, "invalid_request")
     assert err["param"] == param and err["type"] == "invalid_request_error" and param in err["message"]
+
+
+def test_v1_min_tokens_above_max_tokens_is_a_400(client):
+    for body in ({"max_tokens": 4, "min_tokens": 5}, {"min_tokens": 257}):  # 256: the default max_tokens
+        r = client.post("/v1/chat/completions", json={"messages": [user("x")], **body})
+        assert_error(r, 400, "invalid_request")
+        assert "min_tokens" in r.json()["error"]["message"]
 
 
 def test_malformed_json_unknown_paths_and_methods(client):

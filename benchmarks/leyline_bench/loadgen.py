@@ -154,10 +154,13 @@ async def _create_stream_session(client: httpx.AsyncClient, rec: StreamRecorder,
 
 async def streaming_agent(client: httpx.AsyncClient, rec: StreamRecorder, sid: str, messages: list[dict],
                           requests: int, max_tokens: int) -> None:
-    """One session: ``requests`` streamed chat turns, each a new question on the whole history."""
+    """One session: ``requests`` streamed chat turns, each a new question on the whole history.
+
+    Every reply is exactly ``max_tokens`` long (``min_tokens``), so levels compare like for like."""
     for i in range(requests):
         messages = messages + [{"role": "user", "content": f"Next step {i}: what do you check now?"}]
-        body = {"messages": messages, "session_id": sid, "max_tokens": max_tokens, "temperature": 0.0,
+        body = {"messages": messages, "session_id": sid, "max_tokens": max_tokens, "min_tokens": max_tokens,
+                "temperature": 0.0,
                 "stream": True, "stream_options": {"include_usage": True}}
         if not await _stream_chat(client, rec, body):
             break

@@ -336,7 +336,8 @@ def _check_version(session: VllmSession, expected: int | None) -> None:
 
 def _sampling(body: GenerateRequest, max_tokens: int) -> dict:
     out = {"max_tokens": max_tokens, "temperature": body.temperature, "top_p": body.top_p,
-           "top_k": body.top_k or 0, "seed": body.seed, "stop": body.stop_strings() or None}
+           "top_k": body.top_k or 0, "seed": body.seed, "stop": body.stop_strings() or None,
+           "min_tokens": min(body.min_tokens, max_tokens)}
     if body.logprobs:
         out["logprobs"] = max(1, body.top_logprobs)
     return out

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .batch import BatchLayout, DecodeStep, PrefillSegment, read_rows
+from .batch import BatchLayout, DecodeGather, PrefillSegment, read_rows
 from .config import MLAConfig
 from .layers import RMSNorm
 from .rope import rotate_half_split
@@ -100,7 +100,7 @@ class MLAttention(nn.Module):
             out[t] = self._prefill_attention(q_nope[t], q_pe[t], new_rows[t], pool, seg)
         if layout.decodes:
             d = layout.decode_tokens
-            out[d] = self._decode_attention(q_nope[d], q_pe[d], pool, layout.decodes)
+            out[d] = self._decode_attention(q_nope[d], q_pe[d], pool, layout)
         return self.o_proj(out)
 
     def _weights(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -109,20 +109,31 @@ class MLAttention(nn.Module):
         w = self.kv_b_proj.weight.view(self.num_heads, cfg.qk_nope_head_dim + cfg.v_head_dim, cfg.kv_lora_rank)
         return w[:, : cfg.qk_nope_head_dim], w[:, cfg.qk_nope_head_dim:]
 
-    def _decode_attention(self, q_nope, q_pe, pool, steps: list[DecodeStep]) -> torch.Tensor:
-        """One query per sequence at its last position: absorbed MQA over its latent rows, read in place.
+    def _decode_attention(self, q_nope, q_pe, pool, layout: BatchLayout) -> torch.Tensor:
+        """One query per sequence at its last position: absorbed MQA over its latent rows.
 
         The projections through ``kv_b_proj`` run for all sequences at once;
-        only the product with each sequence's own rows runs per sequence.
+        the product with the rows runs batched over a padded gather of them
+        (short sequences), or per sequence over its rows read in place.
         """
         cfg = self.cfg
         B, r = q_nope.shape[0], cfg.kv_lora_rank
         w_uk, w_uv = self._weights()
         q = torch.cat((torch.einsum("bhn,hnr->bhr", q_nope, w_uk), q_pe), dim=-1)  # [B, H, r + rope]
-        latent = q.new_empty(B, self.num_heads, r)
-        for b, step in enumerate(steps):
-            latent[b] = self._latent_attention(q[b], read_rows(pool, step.rows))
+        if layout.decode_gather is not None:
+            latent = self._gathered_latent_attention(q, pool, layout.decode_gather)
+        else:
+            latent = q.new_empty(B, self.num_heads, r)
+            for b, step in enumerate(layout.decodes):
+                latent[b] = self._latent_attention(q[b], read_rows(pool, step.rows))
         return torch.einsum("bhr,hvr->bhv", latent, w_uv).reshape(B, -1)
+
+    def _gathered_latent_attention(self, q: torch.Tensor, pool: torch.Tensor, gather: DecodeGather) -> torch.Tensor:
+        """q [B, H, r + rope] over each sequence's padded rows -> [B, H, r]; padding scores -inf."""
+        rows = pool[gather.rows].to(q.dtype)  # [B, L, r + rope]
+        scores = (q @ rows.transpose(1, 2)).float() * self.scale + gather.bias
+        probs = scores.softmax(dim=-1).to(q.dtype)
+        return probs @ rows[..., : self.cfg.kv_lora_rank]
 
     def _latent_attention(self, q: torch.Tensor, parts: list[torch.Tensor]) -> torch.Tensor:
         """q [H, r + rope] over the rows of ``parts`` -> [H, r]; V is the row's latent (its first r columns)."""

@@ -19,6 +19,9 @@ Extents = list[tuple[int, int]]  # (first pool row, number of rows), in position
 
 #: more runs than this are gathered into one tensor (one product beats many small ones)
 MAX_EXTENTS = 8
+#: decode steps attend together (one padded gather) while batch size x longest sequence stays
+#: under this many rows (a few tens of MB per layer); longer ones read their rows in place
+MAX_DECODE_GATHER_ROWS = 1 << 16
 
 
 def read_rows(pool: torch.Tensor, extents: Extents) -> list[torch.Tensor]:
@@ -43,6 +46,28 @@ class DecodeStep:
 
 
 @dataclass
+class DecodeGather:
+    """The rows of every decode step, padded to the longest: ``rows`` [B, L] pool rows,
+    ``bias`` [B, 1, L] fp32 (0 for a real row, -inf for padding)."""
+
+    rows: torch.Tensor
+    bias: torch.Tensor
+
+    @classmethod
+    def build(cls, steps: list[DecodeStep], device: torch.device) -> DecodeGather | None:
+        lengths = [sum(n for _, n in step.rows) for step in steps]
+        longest = max(lengths)
+        if len(steps) < 2 or len(steps) * longest > MAX_DECODE_GATHER_ROWS:
+            return None
+        rows = torch.zeros(len(steps), longest, dtype=torch.long)
+        bias = torch.full((len(steps), 1, longest), float("-inf"))
+        for b, (step, n) in enumerate(zip(steps, lengths)):
+            rows[b, :n] = _rows_of(step.rows, 0, n)
+            bias[b, :, :n] = 0.0
+        return cls(rows.to(device), bias.to(device))
+
+
+@dataclass
 class BatchLayout:
     positions: torch.Tensor  # [N]
     write_rows: torch.Tensor  # [N] pool row of each token
@@ -50,6 +75,7 @@ class BatchLayout:
     decodes: list[DecodeStep]
     decode_tokens: torch.Tensor  # [len(decodes)] rows of the flattened batch
     logit_rows: torch.Tensor  # rows of the batch whose next-token logits are wanted
+    decode_gather: DecodeGather | None = None  # None: each decode step reads its rows in place
 
     @classmethod
     def build(cls, segments: list[tuple[int, int, Extents]], logit_rows: list[int],
@@ -67,7 +93,8 @@ class BatchLayout:
             offset += n
         return cls(torch.cat(positions).to(device), torch.cat(write_rows).to(device), prefills, decodes,
                    torch.tensor([d.token for d in decodes], dtype=torch.long, device=device),
-                   torch.tensor(logit_rows, dtype=torch.long, device=device))
+                   torch.tensor(logit_rows, dtype=torch.long, device=device),
+                   DecodeGather.build(decodes, device) if decodes else None)
 
 
 def _clip(extents: Extents, end: int) -> Extents:

@@ -119,6 +119,9 @@ class LeylineOptions(BaseModel):
     mode: Mode = "amortize"
 
 
+DEFAULT_MAX_TOKENS = 256  # a chat request without max_tokens / max_completion_tokens
+
+
 class DecodingFields(BaseModel):
     """What constrains or biases the choice of tokens (shared with the native generate route)."""
 
@@ -156,6 +159,9 @@ class ChatCompletionRequest(DecodingFields):
     n: int = Field(default=1, ge=1, le=1, description="Only one choice is supported")
     logprobs: bool | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    min_tokens: int | None = Field(default=None, ge=0, le=8192,
+                                   description="vLLM's extension: the reply cannot end before this many tokens "
+                                               "(at most max_tokens)")
     context_management: ContextManagement | None = None
     # documented no-ops
     user: str | None = Field(default=None, max_length=256, description="Accepted; not used")
@@ -164,6 +170,16 @@ class ChatCompletionRequest(DecodingFields):
                                          description="Accepted; not used (the cache follows `session_id`)")
     safety_identifier: str | None = Field(default=None, max_length=256, description="Accepted; not used")
     store: Literal[False] | None = Field(default=None, description="Nothing is stored; only false is accepted")
+
+    @property
+    def effective_max_tokens(self) -> int:
+        return self.max_completion_tokens or self.max_tokens or DEFAULT_MAX_TOKENS
+
+    @model_validator(mode="after")
+    def _min_within_max(self) -> ChatCompletionRequest:
+        if (self.min_tokens or 0) > self.effective_max_tokens:
+            raise ValueError(f"min_tokens ({self.min_tokens}) exceeds max_tokens ({self.effective_max_tokens})")
+        return self
 
     @model_validator(mode="before")
     @classmethod

@@ -14,8 +14,6 @@ from leyline_sdk.protocol import GenerateRequest, Message
 from leyline_sdk.tools_prompt import tools_message as shared_tools_message
 
 from .openai_schema import ChatCompletionRequest, NamedToolChoice
-
-DEFAULT_MAX_TOKENS = 256
 DEFAULT_TEMPERATURE = 1.0  # OpenAI's default
 
 
@@ -45,7 +43,7 @@ def generate_request(request: ChatCompletionRequest, *, messages: list[Message] 
     fields: dict[str, Any] = {
         "messages": messages or [],
         "expected_version": expected_version,
-        "max_tokens": request.max_completion_tokens or request.max_tokens or DEFAULT_MAX_TOKENS,
+        "max_tokens": request.effective_max_tokens,
         "temperature": DEFAULT_TEMPERATURE if request.temperature is None else request.temperature,
         "top_p": 1.0 if request.top_p is None else request.top_p,
         "top_k": request.top_k or 0,
@@ -53,5 +51,6 @@ def generate_request(request: ChatCompletionRequest, *, messages: list[Message] 
         "stop": stop_strings(request) or None,
         "logprobs": bool(request.logprobs),
         "top_logprobs": (request.top_logprobs or 0) if request.logprobs else 0,
+        "min_tokens": request.min_tokens or 0,
     }
     return GenerateRequest.model_validate(fields)
