@@ -82,3 +82,23 @@ def test_unsupported_config_names_the_field(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(UnsupportedConfig, match="rope type"):
         load_model(str(tmp_path))
+
+
+def test_bf16_linear_without_bf16_instructions_is_a_bf16_gemm_summed_in_fp32():
+    """The fp32 route of a bf16 Linear (CPUs without bf16 instructions): exact operands, fp32 sums,
+    one rounding to bf16 -- and its fp32 weight copy follows in-place weight updates."""
+    from leyline_runtime.model.layers import Linear
+
+    gen = torch.Generator().manual_seed(0)
+    layer = Linear(256, 96).to(torch.bfloat16)
+    x = torch.randn(7, 256, generator=gen).to(torch.bfloat16)
+    with torch.no_grad():
+        for _ in range(2):
+            ref = (x.double() @ layer.weight.double().T + layer.bias.double()).to(torch.bfloat16)
+            out = layer(x)
+            assert out.dtype == torch.bfloat16
+            # within one bf16 rounding of the exact product (fp32 sums differ only far below bf16's ulp)
+            assert torch.allclose(out.double(), ref.double(), rtol=2 ** -7, atol=1e-6)
+            assert torch.allclose(out.double(), torch.nn.functional.linear(x, layer.weight, layer.bias).double(),
+                                  rtol=2 ** -6, atol=1e-3)
+            layer.weight.mul_(-0.5)  # an update in place: the next call must see it

@@ -19,7 +19,7 @@ from torch import nn
 
 from .batch import BatchLayout, DecodeGather, PrefillSegment, read_rows
 from .config import MLAConfig
-from .layers import RMSNorm
+from .layers import Linear, RMSNorm
 from .rope import rotate_half_split
 
 
@@ -30,16 +30,16 @@ class MLAttention(nn.Module):
         h, H = cfg.hidden_size, cfg.num_attention_heads
         self.num_heads = H
         if cfg.q_lora_rank is None:
-            self.q_proj = nn.Linear(h, H * cfg.qk_head_dim, bias=False)
+            self.q_proj = Linear(h, H * cfg.qk_head_dim, bias=False)
         else:
-            self.q_a_proj = nn.Linear(h, cfg.q_lora_rank, bias=cfg.attention_bias)
+            self.q_a_proj = Linear(h, cfg.q_lora_rank, bias=cfg.attention_bias)
             self.q_a_layernorm = RMSNorm(cfg.q_lora_rank)
-            self.q_b_proj = nn.Linear(cfg.q_lora_rank, H * cfg.qk_head_dim, bias=False)
-        self.kv_a_proj_with_mqa = nn.Linear(h, cfg.kv_lora_rank + cfg.qk_rope_head_dim,
+            self.q_b_proj = Linear(cfg.q_lora_rank, H * cfg.qk_head_dim, bias=False)
+        self.kv_a_proj_with_mqa = Linear(h, cfg.kv_lora_rank + cfg.qk_rope_head_dim,
                                             bias=cfg.attention_bias)
         self.kv_a_layernorm = RMSNorm(cfg.kv_lora_rank)
-        self.kv_b_proj = nn.Linear(cfg.kv_lora_rank, H * (cfg.qk_nope_head_dim + cfg.v_head_dim), bias=False)
-        self.o_proj = nn.Linear(H * cfg.v_head_dim, h, bias=cfg.attention_bias)
+        self.kv_b_proj = Linear(cfg.kv_lora_rank, H * (cfg.qk_nope_head_dim + cfg.v_head_dim), bias=False)
+        self.o_proj = Linear(H * cfg.v_head_dim, h, bias=cfg.attention_bias)
         self.scale = cfg.softmax_scale
 
     # -- shared pieces -----------------------------------------------------------

@@ -10,7 +10,7 @@ from torch import nn
 from .attention import MLAttention
 from .batch import BatchLayout
 from .config import MLAConfig
-from .layers import MLP, MoE, RMSNorm
+from .layers import MLP, Linear, MoE, RMSNorm
 from .rope import RotaryEmbedding
 
 
@@ -58,7 +58,7 @@ class DeepseekForCausalLM(nn.Module):
         super().__init__()
         self.config = config
         self.model = DeepseekModel(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.rotary = RotaryEmbedding(config)

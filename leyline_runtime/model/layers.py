@@ -1,12 +1,47 @@
-"""RMSNorm, SwiGLU MLP and DeepSeek MoE (V2 softmax routing, V3 sigmoid + bias)."""
+"""Linear, RMSNorm, SwiGLU MLP and DeepSeek MoE (V2 softmax routing, V3 sigmoid + bias)."""
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from .config import MLAConfig
+
+
+@functools.cache
+def cpu_has_bf16_matmul() -> bool:
+    """oneDNN's own test for bf16 instructions (AVX512-BF16 or AMX)."""
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+class Linear(nn.Linear):
+    """``nn.Linear``; in bf16 on a CPU without bf16 instructions, inference runs it as an fp32 GEMM.
+
+    There oneDNN emulates bf16 GEMMs at a fraction of the fp32 speed. The
+    operands upcast exactly (bf16 is a subset of fp32) and the product
+    accumulates in fp32 as a bf16 GEMM does; the output rounds to bf16 as
+    usual, so only the order of the sums differs. Costs an fp32 copy of the
+    weight, made on first use and renewed whenever the weight changes.
+    """
+
+    _fp32: tuple[tuple[int, int], torch.Tensor] | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if (x.dtype != torch.bfloat16 or x.device.type != "cpu" or cpu_has_bf16_matmul()
+                or (torch.is_grad_enabled() and self.weight.requires_grad)):
+            return super().forward(x)
+        bias = None if self.bias is None else self.bias.float()
+        return F.linear(x.float(), self._fp32_weight(), bias).to(x.dtype)
+
+    def _fp32_weight(self) -> torch.Tensor:
+        w = self.weight
+        key = (w.data_ptr(), w._version)
+        if self._fp32 is None or self._fp32[0] != key:
+            self._fp32 = (key, w.detach().float())
+        return self._fp32[1]
 
 
 class RMSNorm(nn.Module):
@@ -25,9 +60,9 @@ class RMSNorm(nn.Module):
 class MLP(nn.Module):
     def __init__(self, hidden: int, intermediate: int):
         super().__init__()
-        self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
-        self.up_proj = nn.Linear(hidden, intermediate, bias=False)
-        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+        self.gate_proj = Linear(hidden, intermediate, bias=False)
+        self.up_proj = Linear(hidden, intermediate, bias=False)
+        self.down_proj = Linear(intermediate, hidden, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
