@@ -321,17 +321,13 @@ class DirectiveExecutor:
 
     def _prefill_runs(self, table: BlockTable, plan: Plan, start: int) -> None:
         """Prefill every run of new rows as one piece of engine work (each run sees every row before it)."""
-        new = (plan.old_pos == PREFILL).tolist()
-        runs, pos, n = [], start, len(plan.tokens)
-        while pos < n:
-            if not new[pos]:
-                pos += 1
-                continue
-            end = pos
-            while end < n and new[end]:
-                end += 1
-            runs.append((pos, plan.tokens[pos:end]))
-            pos = end
+        new = plan.old_pos[start:] == PREFILL
+        if not bool(new.any()):
+            return
+        # run boundaries: where "is new" flips (padded with False on both ends)
+        flips = torch.diff(torch.cat((new.new_zeros(1), new, new.new_zeros(1))).int()).nonzero().flatten()
+        bounds = (flips + start).tolist()
+        runs = [(lo, plan.tokens[lo:hi]) for lo, hi in zip(bounds[::2], bounds[1::2])]
         self.engine.prefill_runs(table, runs)
 
     def _commit(self, session: Session, table: BlockTable, plan: Plan) -> None:

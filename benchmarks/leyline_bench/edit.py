@@ -49,7 +49,9 @@ def add_parser(sub) -> None:
     p = sub.add_parser("edit", help="latency of one edit: amortize / forget / full re-prefill / transformers peer")
     p.add_argument("--contexts", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192])
     p.add_argument("--positions", type=float, nargs="+", default=[0.1, 0.5, 0.9])
-    p.add_argument("--spans", nargs="+", default=["message", "10pct"], choices=["message", "10pct"])
+    p.add_argument("--spans", nargs="+", default=["message", "10pct"], choices=["message", "10pct", "10pct-delete"],
+                   help="message: one tool output cleared; 10pct: a run of rounds (10%% of the context) "
+                        "replaced by a one-line summary; 10pct-delete: the same run deleted")
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--no-peer", action="store_true", help="skip the transformers peer")
     p.add_argument("--model", default=None, help="model folder (default: the embedded default model)")

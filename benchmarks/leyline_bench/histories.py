@@ -39,7 +39,7 @@ def offsets(tok: ChatTokenizer, messages: list[Message]) -> list[int]:
 @dataclass
 class EditSpec:
     position: float  # fraction of the context where the edit starts
-    span: str  # "message" (one tool output cleared) or "10pct" (a run of rounds summarised)
+    span: str  # "message" (one tool output cleared), "10pct" (a run of rounds summarised) or "10pct-delete"
     directive: Directive
     start_token: int
     span_tokens: int
@@ -71,7 +71,7 @@ def make_edit(tok: ChatTokenizer, messages: list[Message], position: float, span
             raise ValueError("no tool output to clear")
         directive = Directive(span=Span(start=i, end=i + 1), replacement=[_cleared(messages[i])])
         return EditSpec(position, span, directive, off[i], off[i + 1] - off[i])
-    if span != "10pct":
+    if span not in ("10pct", "10pct-delete"):
         raise ValueError(f"unknown span {span!r}")
     want = max(1, off[-1] // 10)
     i = _pick(messages, off, token, lambda k: messages[k].role == "assistant" and off[-1] - off[k] >= want)
@@ -79,5 +79,6 @@ def make_edit(tok: ChatTokenizer, messages: list[Message], position: float, span
         raise ValueError("no assistant message to start a span")
     j = next((j for j in range(i + 1, len(messages) + 1) if off[j] - off[i] >= want), len(messages))
     summary = Message(role="user", content=f"(summary: {j - i} earlier messages elided; nothing failed)")
-    return EditSpec(position, span, Directive(span=Span(start=i, end=j), replacement=[summary]),
+    replacement = [] if span == "10pct-delete" else [summary]
+    return EditSpec(position, span, Directive(span=Span(start=i, end=j), replacement=replacement),
                     off[i], off[j] - off[i])

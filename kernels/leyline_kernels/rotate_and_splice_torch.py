@@ -39,9 +39,13 @@ def _rotate_and_splice_torch_impl(
     n = src_rows.numel()
     first, second = pair_columns(rope_offset, rope_dim, pair_layout)
     single = cos.shape[0] == 1
+    # Buffers reused by every chunk: fresh allocations this size are page-faulted each time.
+    m = min(n, chunk_rows)
+    gathered = src_pool.new_empty(m, src_pool.shape[1])
+    out1_buf, out2_buf, prod_buf = (torch.empty(m, rope_dim // 2, device=src_pool.device) for _ in range(3))
     for a in range(0, n, chunk_rows):
         b = min(n, a + chunk_rows)
-        rows = src_pool.index_select(0, src_rows[a:b])  # bitwise gather
+        rows = torch.index_select(src_pool, 0, src_rows[a:b], out=gathered[: b - a])  # bitwise gather
         x1 = rows[:, first].to(torch.float32)
         x2 = rows[:, second].to(torch.float32)
         if single:  # one distinct delta: broadcast instead of gathering
@@ -50,12 +54,13 @@ def _rotate_and_splice_torch_impl(
             k = delta_index[a:b]
             c = cos.index_select(0, k)
             s = sin.index_select(0, k)
+        out1, out2, prod = out1_buf[: b - a], out2_buf[: b - a], prod_buf[: b - a]
         # Each product is rounded to fp32 separately (no fused multiply-add),
         # the same arithmetic the Triton kernel performs.
-        out1 = x1 * c
-        out1 -= x2 * s
-        out2 = x2 * c
-        out2 += x1 * s
+        torch.mul(x1, c, out=out1)
+        out1 -= torch.mul(x2, s, out=prod)
+        torch.mul(x2, c, out=out2)
+        out2 += torch.mul(x1, s, out=prod)
         # Both halves are computed before either is written back (for fp32
         # x1/x2 are views of ``rows``).  copy_ rounds fp32 -> bf16/fp16 RNE.
         rows[:, first] = out1
