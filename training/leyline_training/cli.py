@@ -41,6 +41,9 @@ def add_train_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--max-steps", type=int, default=None)
     ap.add_argument("--tokenizer", default=None, help="tokenizer.json (default: the embedded default model's)")
     ap.add_argument("--export", default=None, help="also copy the final folder's files here")
+    ap.add_argument("--init-from", default=None,
+                    help="model folder whose weights (and config) start the run instead of a seeded random "
+                         "init: how a later stage continues an earlier one (a checkpoint in --out wins)")
     ap.add_argument("--eval-transcripts", type=int, default=32, help="held-out transcripts scored at the end")
 
 
