@@ -30,6 +30,7 @@ from leyline_training.tools import (
     execute_test_file,
     kv_get,
     run_tests,
+    validate_call,
 )
 from leyline_training.train import DataStream, lr_at, parse_curriculum
 from leyline_training.transcripts import KINDS, make_task, make_transcript
@@ -294,3 +295,35 @@ def test_order_tasks_are_the_langgraph_examples_kind_of_task():
         assert tr.task.check(tr.messages[-1].content)
     assert any(m.content.startswith("Error: FileNotFoundError") for tr in transcripts for m in tr.messages
                if m.role == "tool")
+
+
+def test_drills_answers_are_copies_of_the_context():
+    from leyline_training.drills import make_drill
+
+    kinds = set()
+    for seed in range(60):
+        messages = make_drill(seed, "train")
+        assert make_drill(seed, "train") == messages  # pure function of (seed, split)
+        context = ""
+        for m in messages:
+            if m.role == "assistant":
+                for call in m.tool_calls or []:
+                    args = json.loads(call.function.arguments)
+                    assert validate_call(call.function.name, args) is None
+                    assert all(str(v) in context for v in args.values()) or call.function.name == "read_file"
+                    kinds.add(call.function.name)
+                if m.content:
+                    tail = m.content.rstrip(".").split()[-1].rstrip(".")
+                    assert tail in context, (m.content, context[-300:])
+            context += m.content + "\n"
+    assert kinds == {"calculator", "read_file"}
+
+
+def test_packer_mixes_drills_in_by_share(tok):
+    plain = Packer(tok, seed=5, transcript_share=0.95, drill_share=0.0).shard(0, 1024)
+    drilled = Packer(tok, seed=5, transcript_share=0.95, drill_share=0.5).shard(0, 1024)
+    again = Packer(tok, seed=5, transcript_share=0.95, drill_share=0.5).shard(0, 1024)
+    assert np.array_equal(drilled.tokens, again.tokens)
+    # drills are short and all-answer: more conversations, a larger share of assistant tokens
+    assert drilled.transcripts > plain.transcripts
+    assert (drilled.classes == CLS_ASSISTANT).mean() > (plain.classes == CLS_ASSISTANT).mean()
