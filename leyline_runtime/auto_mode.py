@@ -1,26 +1,30 @@
 """``mode: "auto"``: measure an amortized edit's drift and choose amortize, repair or forget.
 
 Amortize is exact at layer 0 and approximate above it: the rows of layer 1 and up
-after the edit were computed while the old span was still there. The signal is
-the mean relative change of the layer-1 rows of the first ``signal_window``
-tokens after the edit when layer 0 is run again over the edited history (layer 0's
-rows are exact after the splice, so this is exactly what a forget would write
-there, at about ``signal_window / num_layers`` tokens' worth of compute).
+after the edit were computed while the old span was still there. Two signals, both
+read from the spliced cache:
+
+* ``layer1_change`` — the mean relative change of the layer-1 rows of the first
+  ``signal_window`` tokens after the edit when layer 0 is run again over the edited
+  history (layer 0's rows are exact after the splice, so this is exactly what a forget
+  would write there, at about ``signal_window / num_layers`` tokens' worth of compute).
+  Times ``num_layers - 1`` it is the edit's *drift*: the stale layer-1 rows feed every
+  layer above, and the same edit drifts about 3× / 9× more on 12 / 18-layer stacks of
+  the same weights while its layer-1 change is identical.
+* ``attention`` — the share of layer-0 attention that the session's newest positions
+  (standing in for the next turn) put on the edit and the measured rows after it.
 
 Per directive, in position order:
 
-* fewer than ``repair_tail`` tokens after the edit: ``forget`` (it costs no more than a repair);
-* signal over ``forget_threshold``: ``forget``;
-* signal over ``repair_threshold``: ``repair`` — amortize, then recompute the last
-  ``repair_tail`` rows (the ones the next turn attends to most; see
-  :mod:`.recompute`);
+* at most ``short_tail`` tokens after the edit: ``forget`` (it costs no more than a repair);
+* drift over ``forget_threshold``: ``forget``;
+* drift × attention over ``repair_threshold``: ``repair`` — amortize, then recompute the
+  last ``repair_tail`` rows (the ones the next turn attends to most; see :mod:`.recompute`);
 * else ``amortize``.
 
-Every amortized ``auto`` edit adds its signal times ``num_layers - 1`` to the session's
-drift (:mod:`.drift`): the stale layer-1 rows feed every layer above, and the same edit
-drifts about 3× / 9× more on 12 / 18-layer stacks of the same weights while its layer-1
-signal is identical. Past the drift budget the batch also re-prefills from the earliest
-drifted position.
+Every amortized ``auto`` edit adds its drift to the session's (:mod:`.drift`); past the
+drift budget the batch also re-prefills from the earliest drifted position. The budget
+is in drift units, so deeper models (more drift per edit) are repaired more often.
 All of it runs inside the executor's transaction, before the block table is swapped.
 """
 

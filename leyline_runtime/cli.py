@@ -65,8 +65,8 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                    help="model id reported by /v1/models and in completions (default: %(default)s)")
     p.add_argument("--drift-budget", type=_drift_budget, metavar="X", default=DRIFT_BUDGET_DEFAULT,
                    help="per-session budget for the drift that mode \"auto\" edits leave (the sum of their "
-                        "measured signals); past it the session is re-prefilled from its earliest drifted "
-                        "token. 'none' turns repairs off (default: %(default)s)")
+                        "measured layer-1 change x (layers - 1)); past it the session is re-prefilled from "
+                        "its earliest drifted token. 'none' turns repairs off (default: %(default)s)")
     p.add_argument("--threads", type=int, metavar="N", default=None,
                    help="torch CPU threads (default: torch's choice)")
     limits = p.add_argument_group("request limits and timeouts (see docs/operations.md)")

@@ -43,9 +43,14 @@ def add_arguments(p) -> None:
     p.add_argument("--no-suffix", action="store_true", help="with --policies: skip the whole-suffix scoring")
     p.add_argument("--jobs", type=int, default=1,
                    help="with --policies: models measured in parallel worker processes (each single-threaded)")
-    p.add_argument("--auto-forget-threshold", type=float, default=None)
-    p.add_argument("--auto-repair-threshold", type=float, default=None)
-    p.add_argument("--auto-repair-tail", type=int, default=None)
+    p.add_argument("--auto-forget-threshold", type=float, default=None,
+                   help="with --policies: auto forgets an edit whose drift (layer-1 change x (layers - 1)) "
+                        "passes this (default: the runtime's)")
+    p.add_argument("--auto-repair-threshold", type=float, default=None,
+                   help="with --policies: auto repairs the tail when drift x attention passes this "
+                        "(default: the runtime's)")
+    p.add_argument("--auto-repair-tail", type=int, default=None,
+                   help="with --policies: rows auto's tail repair recomputes (default: the runtime's)")
     p.add_argument("--drift-budget", type=float, default=None, help="auto's budget (negative: none)")
 
 
@@ -153,7 +158,7 @@ def summarise(records: list[dict], policies: list[str], num_layers: int) -> dict
             "probe_top1": _mean(cat("probe_top1")), "probes": len(cat("probe_jsd")),
             "suffix_jsd_median": median(cat("suffix_jsd")), "suffix_jsd_p90": percentile(cat("suffix_jsd"), 90),
             "suffix_top1": _mean(cat("suffix_top1")), "choices": choices,
-            "signal_median": median(cat("signals")),
+            "signal_median": median(cat("signals")), "attention_median": median(cat("attention")),
         }
     out["forget_vs_fresh_max_jsd"] = max(r["forget_vs_fresh"]["max_jsd"] for r in records)
     return out
