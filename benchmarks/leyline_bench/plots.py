@@ -8,7 +8,8 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt
+import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.ticker  # noqa: E402
 
 
 def grouped_bars(path: str | Path, title: str, groups: Sequence[str], series: Mapping[str, Sequence[float | None]],
@@ -72,6 +73,7 @@ def policy_frontier(path: str | Path, title: str, curves: Mapping[str, Sequence[
             ax.scatter([x], [y], marker=markers[k % len(markers)], s=90, color=f"C{k + 1}", label=p, zorder=3)
         ax.set_xscale("log")
         ax.set_yscale("log")
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # minor labels overlap
         ax.set_title(model, fontsize=9)
         ax.set_xlabel(xlabel, fontsize=8)
         ax.set_ylabel(ylabel, fontsize=8)
