@@ -1,26 +1,30 @@
 """``mode: "auto"``: measure an amortized edit's drift and choose amortize, repair or forget.
 
 Amortize is exact at layer 0 and approximate above it: the rows of layer 1 and up
-after the edit were computed while the old span was still there. The signal is
-the mean relative change of the layer-1 rows of the first ``signal_window``
-tokens after the edit when layer 0 is run again over the edited history (layer 0's
-rows are exact after the splice, so this is exactly what a forget would write
-there, at about ``signal_window / num_layers`` tokens' worth of compute).
+after the edit were computed while the old span was still there. Two signals, both
+read from the spliced cache:
+
+* ``layer1_change`` — the mean relative change of the layer-1 rows of the first
+  ``signal_window`` tokens after the edit when layer 0 is run again over the edited
+  history (layer 0's rows are exact after the splice, so this is exactly what a forget
+  would write there, at about ``signal_window / num_layers`` tokens' worth of compute).
+  Times ``num_layers - 1`` it is the edit's *drift*: the stale layer-1 rows feed every
+  layer above, and the same edit drifts about 3× / 9× more on 12 / 18-layer stacks of
+  the same weights while its layer-1 change is identical.
+* ``attention`` — the share of layer-0 attention that the session's newest positions
+  (standing in for the next turn) put on the edit and the measured rows after it.
 
 Per directive, in position order:
 
-* fewer than ``repair_tail`` tokens after the edit: ``forget`` (it costs no more than a repair);
-* signal over ``forget_threshold``: ``forget``;
-* signal over ``repair_threshold``: ``repair`` — amortize, then recompute the last
-  ``repair_tail`` rows (the ones the next turn attends to most; see
-  :mod:`.recompute`);
+* at most ``short_tail`` tokens after the edit: ``forget`` (it costs no more than a repair);
+* drift over ``forget_threshold``: ``forget``;
+* drift × attention over ``repair_threshold``: ``repair`` — amortize, then recompute the
+  last ``repair_tail`` rows (the ones the next turn attends to most; see :mod:`.recompute`);
 * else ``amortize``.
 
-Every amortized ``auto`` edit adds its signal times ``num_layers - 1`` to the session's
-drift (:mod:`.drift`): the stale layer-1 rows feed every layer above, and the same edit
-drifts about 3× / 9× more on 12 / 18-layer stacks of the same weights while its layer-1
-signal is identical. Past the drift budget the batch also re-prefills from the earliest
-drifted position.
+Every amortized ``auto`` edit adds its drift to the session's (:mod:`.drift`); past the
+drift budget the batch also re-prefills from the earliest drifted position. The budget
+is in drift units, so deeper models (more drift per edit) are repaired more often.
 All of it runs inside the executor's transaction, before the block table is swapped.
 """
 
@@ -45,11 +49,15 @@ from .session import Session
 class AutoConfig:
     # Calibrated with `leyline-bench fidelity --policies ...` (docs/perf/fidelity_policies.md)
     # on the default model and its 12/18-layer stacks.
-    forget_threshold: float = 0.3  # on the layer-1 change itself
+    forget_threshold: float = 8.0  # on the edit's drift: layer-1 change x (num_layers - 1)
+    # on the edit's drift x the attention the next turn pays it; 0: repair the tail after every
+    # measured edit (cheap and the best drift per recomputed row in the calibration)
     repair_threshold: float = 0.0
-    repair_tail: int = 128
+    short_tail: int = 128  # at most this many tokens after the edit: forget (a repair would cost as much)
+    repair_tail: int = 32
     signal_window: int = 64
-    drift_budget: float | None = 24.0
+    attention_queries: int = 8  # newest positions whose layer-0 attention stands in for the next turn's
+    drift_budget: float | None = 12.0
 
 
 @torch.no_grad()
@@ -75,6 +83,35 @@ def layer1_change(engine: Engine, table: BlockTable, tokens: list[int], start: i
     stale = pool[1, rows[start:end]].float()
     change = (fresh - stale).norm(dim=-1) / fresh.norm(dim=-1).clamp_min(1e-12)
     return float(change.mean())
+
+
+@torch.no_grad()
+def layer0_attention(engine: Engine, table: BlockTable, tokens: list[int], start: int, end: int,
+                     queries: int) -> float:
+    """Share of layer-0 attention that the last ``queries`` positions put on rows ``[start, end)``.
+
+    The newest positions stand in for the next turn's queries (it follows them and attends
+    much like them). Layer 0's rows are exact after the splice and a layer-0 query needs only
+    its token and position, so this reads the cache and costs ``queries`` query projections.
+    """
+    n = len(tokens)
+    queries = min(queries, n)
+    if queries == 0 or end <= start:
+        return 0.0
+    model, device = engine.model, engine.device
+    attn = model.model.layers[0].self_attn
+    positions = torch.arange(n - queries, n, device=device)
+    x = model.model.layers[0].input_layernorm(model.model.embed_tokens(
+        torch.tensor(tokens[n - queries:], dtype=torch.long, device=device)))
+    cos, sin = model.rotary.cos_sin(positions, x.dtype)
+    q_nope, q_pe = attn._queries(x, cos, sin)  # [Q, H, .]
+    w_uk, _ = attn._weights()
+    q = torch.cat((torch.einsum("thn,hnr->thr", q_nope, w_uk), q_pe), dim=-1).float()
+    rows = engine.pool.rows[0, table.rows(0, n, device)].float()  # [n, r + rope]
+    scores = torch.einsum("thd,nd->thn", q, rows) * attn.scale
+    causal = torch.arange(n, device=device)[None, :] > positions[:, None]  # [Q, n]
+    probs = scores.masked_fill(causal[:, None, :], float("-inf")).softmax(dim=-1)
+    return float(probs[..., start:end].sum(-1).mean())
 
 
 def new_starts(edits: list[TokenEdit]) -> list[int]:
@@ -126,10 +163,13 @@ class AutoMode:
         starts = new_starts(plan.edits)
         # where the executor already prefilled everything (an explicit forget or a fallback)
         prefilled_from = next((s for t, s in zip(plan.edits, starts) if t.applied_mode == "forget"), None)
-        decisions, forget_from = self._decide_edits(plan, starts, table, state, prefilled_from)
+        decisions, forget_from, fresh_until = self._decide_edits(plan, starts, table, state, prefilled_from)
         start = self._recompute_start(decisions, state, forget_from, n)
         if start is not None and start != prefilled_from:
-            table = recompute_rows(self.engine, table, plan.tokens, start, n, owned)
+            # An auto forget's replacement rows were already prefilled against the rows before
+            # it: recomputing them would write the same rows again.
+            begin = fresh_until if start == forget_from else start
+            table = recompute_rows(self.engine, table, plan.tokens, begin, n, owned)
             plan.old_pos[start:] = PREFILL
         for d in decisions:
             d.session_drift = state.drift
@@ -137,10 +177,10 @@ class AutoMode:
         return table
 
     def _decide_edits(self, plan: Plan, starts: list[int], table: BlockTable, state: DriftState,
-                      forget_from: int | None) -> tuple[list[AutoDecision], int | None]:
+                      forget_from: int | None) -> tuple[list[AutoDecision], int | None, int | None]:
         """Each edit in order; everything from the first forget on is forgotten. Returns the auto
-        decisions and where the forget begins."""
-        decisions = []
+        decisions, where the forget begins and where its already prefilled replacement ends."""
+        decisions, fresh_until = [], forget_from
         for t, s in zip(plan.edits, starts):
             if forget_from is not None and s >= forget_from:
                 if t.edit.mode == "auto":
@@ -152,16 +192,16 @@ class AutoMode:
             elif t.edit.mode != "auto":
                 state.amortized(s, 0.0)  # unmeasured: it only moves a repair's start
             else:
-                t.auto = self._decide(table, plan.tokens, s + len(t.new_tokens), len(plan.tokens))
+                t.auto = self._decide(table, plan.tokens, s, s + len(t.new_tokens))
                 if t.auto.choice == "forget":
-                    t.applied_mode, forget_from = "forget", s
+                    t.applied_mode, forget_from, fresh_until = "forget", s, s + len(t.new_tokens)
                 else:
                     state.amortized(s, (t.auto.layer1_change or 0.0) * self.depth_weight)
             if t.auto is not None:
                 decisions.append(t.auto)
         if forget_from is not None:
             state.recomputed_from(forget_from)
-        return decisions, forget_from
+        return decisions, forget_from, fresh_until
 
     def _recompute_start(self, decisions: list[AutoDecision], state: DriftState, forget_from: int | None,
                          n: int) -> int | None:
@@ -178,20 +218,20 @@ class AutoMode:
             repairs[-1].repaired_tokens = tail
         return start
 
-    def _decide(self, table: BlockTable, tokens: list[int], edit_end: int, n: int) -> AutoDecision:
-        cfg = self.config
-        if n - edit_end <= cfg.repair_tail:
+    def _decide(self, table: BlockTable, tokens: list[int], start: int, edit_end: int) -> AutoDecision:
+        cfg, n = self.config, len(tokens)
+        if n - edit_end <= max(cfg.short_tail, cfg.repair_tail):
             return AutoDecision(choice="forget", reason="short_tail")
         window_end = min(n, edit_end + cfg.signal_window)
-        signal = layer1_change(self.engine, table, tokens, edit_end, window_end)
-        if signal > cfg.forget_threshold:
-            choice = "forget"
-        elif signal > cfg.repair_threshold:
-            choice = "repair"
-        else:
-            return AutoDecision(choice="amortize", reason="below_threshold", layer1_change=signal,
-                                signal_tokens=window_end - edit_end)
-        return AutoDecision(choice=choice, reason="signal", layer1_change=signal,
+        change = layer1_change(self.engine, table, tokens, edit_end, window_end)
+        attention = layer0_attention(self.engine, table, tokens, start, window_end, cfg.attention_queries)
+        drift = change * self.depth_weight
+        choice, reason = "amortize", "below_threshold"
+        if drift > cfg.forget_threshold:
+            choice, reason = "forget", "signal"
+        elif drift * attention > cfg.repair_threshold:
+            choice, reason = "repair", "signal"
+        return AutoDecision(choice=choice, reason=reason, layer1_change=change, attention=attention,
                             signal_tokens=window_end - edit_end)
 
 

@@ -34,7 +34,7 @@ DEFAULT_PORT = 8000
 # (tests/test_server_cli.py checks they agree).
 SERVE_DEFAULTS = {"dtype": "float32", "device": "cpu", "max_cache_tokens": 65536, "model_name": "leyline-default",
                   "max_num_seqs": 64, "max_batched_tokens": 512}
-DRIFT_BUDGET_DEFAULT = 24.0  # AutoConfig.drift_budget (checked by the same test)
+DRIFT_BUDGET_DEFAULT = 12.0  # AutoConfig.drift_budget (checked by the same test)
 # server.limits.Limits' defaults, for the same reason.
 LIMIT_DEFAULTS = {"max_body_bytes": 8 * 2**20, "max_message_bytes": 2**20, "max_messages": 4096,
                   "body_timeout": 30.0}
@@ -66,8 +66,8 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                    help="model id reported by /v1/models and in completions (default: %(default)s)")
     p.add_argument("--drift-budget", type=_drift_budget, metavar="X", default=DRIFT_BUDGET_DEFAULT,
                    help="per-session budget for the drift that mode \"auto\" edits leave (the sum of their "
-                        "measured signals); past it the session is re-prefilled from its earliest drifted "
-                        "token. 'none' turns repairs off (default: %(default)s)")
+                        "measured layer-1 change x (layers - 1)); past it the session is re-prefilled from "
+                        "its earliest drifted token. 'none' turns repairs off (default: %(default)s)")
     p.add_argument("--threads", type=int, metavar="N", default=None,
                    help="torch CPU threads (default: torch's choice)")
     sched = p.add_argument_group("scheduling (see docs/operations.md)")

@@ -181,6 +181,9 @@ class AutoDecision(BaseModel):
     # Mean relative change of the layer-1 cache rows just after the edit when layer 0 is
     # recomputed over the edited history (0: amortize is exact there); None when not measured.
     layer1_change: float | None = None
+    # Share of layer-0 attention that the session's newest positions (standing in for the next
+    # turn) put on the edit and the rows the signal measured; None when not measured.
+    attention: float | None = None
     signal_tokens: int = 0  # positions the signal was measured on (one layer each)
     repaired_tokens: int = 0  # tail rows recomputed after the splice
     # The session's accumulated drift after this directive (the sum of its amortized auto

@@ -8,7 +8,7 @@ from starlette.testclient import TestClient
 from test_server_support import make_runtime, metric, torch_threads
 
 from leyline_runtime import cli, create_app
-from leyline_runtime.auto_mode import AutoConfig
+from leyline_runtime.auto_mode import AutoConfig, layer0_attention
 from leyline_sdk import auto_policy, force_mode
 from leyline_sdk.policy import EditContext
 from leyline_sdk.protocol import Directive, DirectiveBatch, Message, SessionCreate, Span
@@ -29,7 +29,7 @@ def rt():
 def auto(rt, monkeypatch):
     """Set the runtime's auto config for one test."""
     def set_config(**kw):
-        kw = {"repair_tail": 32, "signal_window": 16, "drift_budget": None, **kw}
+        kw = {"short_tail": 32, "repair_tail": 32, "signal_window": 16, "drift_budget": None, **kw}
         monkeypatch.setattr(rt.auto, "config", AutoConfig(**kw))
     return set_config
 
@@ -71,13 +71,56 @@ def test_auto_on_a_short_tail_chooses_forget(rt, auto):
     assert equals_fresh_prefill(rt, s)
 
 
-def test_auto_signal_over_threshold_forgets(rt, auto):
+def count_prefilled(rt, monkeypatch) -> list[int]:
+    """Record every position the engine prefills (splice prefills and recomputes alike: both
+    go through ``prefill_runs``)."""
+    seen: list[int] = []
+    prefill_runs = rt.engine.prefill_runs
+
+    def counted_runs(table, runs, *a, **kw):
+        for start, tokens in runs:
+            seen.extend(range(start, start + len(tokens)))
+        return prefill_runs(table, runs, *a, **kw)
+
+    monkeypatch.setattr(rt.engine, "prefill_runs", counted_runs)
+    return seen
+
+
+def test_auto_signal_over_threshold_forgets(rt, auto, monkeypatch):
     auto(forget_threshold=0.0)
     s = session(rt, agent_history())
-    o = apply(rt, s, drop_failed_attempt("auto")).outcomes[0]
+    replaced = s.messages[7].model_copy(update={"content": "[cleared]"})
+    seen = count_prefilled(rt, monkeypatch)
+    o = apply(rt, s, Directive(span=Span(start=7, end=8), replacement=[replaced], mode="auto")).outcomes[0]
     assert o.auto.choice == "forget" and o.auto.reason == "signal" and o.auto.layer1_change > 0
-    assert o.auto.signal_tokens == 16 and o.applied_mode == "forget"
+    assert o.auto.signal_tokens == 16 and o.applied_mode == "forget" and 0 < o.auto.attention < 1
+    # every row from the edit on is computed exactly once: the replacement's splice-time
+    # prefill is kept, the forget recomputes only what follows it
+    assert sorted(seen) == list(range(o.token_start, s.num_tokens))
+    assert o.recomputed_tokens == s.num_tokens - o.token_start
     assert equals_fresh_prefill(rt, s)
+
+
+def test_layer0_attention_matches_expanded_attention(rt):
+    """The absorbed, cache-reading attention share equals per-head attention computed from the
+    tokens through the expanded keys (kv_b_proj applied to the latent)."""
+    s = session(rt, agent_history())
+    n, q = s.num_tokens, 8
+    attn = rt.model.model.layers[0].self_attn
+    cfg = attn.cfg
+    with torch.no_grad():
+        x = rt.model.model.layers[0].input_layernorm(rt.model.model.embed_tokens(torch.tensor(s.tokens)))
+        cos, sin = rt.model.rotary.cos_sin(torch.arange(n), x.dtype)
+        q_nope, q_pe = attn._queries(x[n - q:], cos[n - q:], sin[n - q:])
+        c_kv, k_pe = attn.latent(x, cos, sin).split([cfg.kv_lora_rank, cfg.qk_rope_head_dim], dim=-1)
+        k_nope = attn.kv_b_proj(c_kv).view(n, attn.num_heads, -1)[..., : cfg.qk_nope_head_dim]
+        scores = (torch.einsum("qhd,khd->qhk", q_nope, k_nope) + torch.einsum("qhd,kd->qhk", q_pe, k_pe)) * attn.scale
+        mask = torch.arange(n)[None, :] > torch.arange(n - q, n)[:, None]
+        probs = scores.masked_fill(mask[:, None], float("-inf")).softmax(-1)
+    for a, b in ((0, n), (20, 60), (n - 5, n)):
+        got = layer0_attention(rt.engine, s.table, s.tokens, a, b, q)
+        assert got == pytest.approx(float(probs[..., a:b].sum(-1).mean()), abs=1e-5)
+    assert layer0_attention(rt.engine, s.table, s.tokens, 0, n, q) == pytest.approx(1.0, abs=1e-5)
 
 
 def test_auto_repair_recomputes_only_the_tail(rt, auto):
@@ -173,7 +216,7 @@ def test_serve_flag_for_the_drift_budget():
 
 def test_rest_auto_directive_session_drift_and_metrics():
     with torch_threads(1):
-        runtime = make_runtime(auto=AutoConfig(repair_tail=32, signal_window=16, forget_threshold=INF,
+        runtime = make_runtime(auto=AutoConfig(short_tail=32, repair_tail=32, signal_window=16, forget_threshold=INF,
                                                repair_threshold=INF, drift_budget=0.0))
     with TestClient(create_app(runtime=runtime)) as client:
         history = [m.model_dump(exclude_none=True) for m in agent_history()]

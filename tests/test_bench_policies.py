@@ -6,6 +6,7 @@ import torch
 from leyline_bench import stress_models
 from leyline_bench.edit_sessions import KINDS, PROTECTED_TAIL, build_session
 from leyline_bench.policies import check_policies, jsd_rows, run_session, suffix_logits
+from leyline_bench.policy_bench import equal_cost
 from leyline_bench.edit_sessions import EditSession, Step
 from leyline_runtime.model import load_model
 from leyline_runtime.model.default import DEFAULT_MODEL_DIR, default_tokenizer_path
@@ -94,3 +95,28 @@ def test_policy_arms_on_a_two_edit_session(rt):
     assert max(arms["forget"]["suffix_jsd"]) <= 1e-12 and max(arms["amortize"]["suffix_jsd"]) > 1e-6
     with pytest.raises(ValueError):
         check_policies(["sometimes"])
+
+
+def test_equal_cost_interpolates_the_forget_every_n_family():
+    def point(share, jsd, top1):
+        return {"share": share, "next_jsd_p90": jsd, "next_top1": top1}
+
+    summary = {"amortize": point(0.02, 1e-4, 0.98), "forget-every-5": point(0.2, 1e-5, 0.99),
+               "forget": point(1.0, 0.0, 1.0), "auto": point(0.05, 1e-6, 1.0), "forget_vs_fresh_max_jsd": 0.0}
+    mid = equal_cost(summary, 0.02 * 10 ** 0.5)  # halfway between amortize and forget-every-5 in log cost
+    assert mid["family_jsd_p90"] == pytest.approx(10 ** -4.5)
+    assert mid["family_top1"] == pytest.approx(0.985)
+    assert mid["family_between"] == "amortize – forget-every-5"
+    assert equal_cost(summary, 0.2)["family_jsd_p90"] == pytest.approx(1e-5)
+    assert equal_cost(summary, 0.01)["family_jsd_p90"] is None  # cheaper than the whole family
+
+
+def test_random_stress_models_at_any_depth():
+    v2 = stress_models.build("v2-random-3", 512)
+    v3 = stress_models.build("v3-random-5", 512)
+    assert (v2.config.model_type, v2.config.num_hidden_layers, v2.config.q_lora_rank) == ("deepseek_v2", 3, 96)
+    assert (v3.config.model_type, v3.config.num_hidden_layers) == ("deepseek_v3", 5)
+    assert v3.config.is_moe_layer(4) and not v3.config.is_moe_layer(0)
+    for bad in ("v4-random", "v2-random-", "v2-random-x", "stack"):
+        with pytest.raises(ValueError):
+            stress_models.build(bad, 512)

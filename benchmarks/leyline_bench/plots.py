@@ -8,7 +8,8 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt
+import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.ticker  # noqa: E402
 
 
 def grouped_bars(path: str | Path, title: str, groups: Sequence[str], series: Mapping[str, Sequence[float | None]],
@@ -49,29 +50,38 @@ def lines(path: str | Path, title: str, xs: Sequence[float], series: Mapping[str
     return _save(fig, path)
 
 
-def frontier(path: str | Path, title: str, points: Sequence[tuple[str, str, float, float]],
-             xlabel: str, ylabel: str, floor: float = 1e-7) -> Path:
-    """Cost/quality scatter, log-log: ``(group, label, x, y)`` per point; one colour per group,
-    one marker per label; values below ``floor`` are drawn at ``floor``."""
-    fig, ax = plt.subplots(figsize=(7.5, 4.8))
-    groups = list(dict.fromkeys(g for g, _, _, _ in points))
-    labels = list(dict.fromkeys(lab for _, lab, _, _ in points))
-    markers = "osD^vP*X"
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for g, lab, x, y in points:
-        ax.scatter(max(x, floor), max(y, floor), color=colors[groups.index(g) % len(colors)],
-                   marker=markers[labels.index(lab) % len(markers)], s=46)
-    for gi, g in enumerate(groups):
-        ax.scatter([], [], color=colors[gi % len(colors)], marker="s", label=g)
-    for li, lab in enumerate(labels):
-        ax.scatter([], [], color="gray", marker=markers[li % len(markers)], label=lab)
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=7, ncol=2)
+def policy_frontier(path: str | Path, title: str, curves: Mapping[str, Sequence[tuple[str, float, float]]],
+                    xlabel: str, ylabel: str) -> Path:
+    """One panel per model: ``(policy, cost, drift)`` points, log-log. The forget-every-N family
+    (amortize, forget-every-N by cost) is joined by a line; other policies are single markers;
+    ``forget`` (cost 1, no drift) is left off the log axis."""
+    n = max(1, len(curves))
+    cols = min(3, n)
+    rows = -(-n // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.6 * cols, 3.8 * rows), squeeze=False)
+    markers = "*PXDv^"
+    for ax, (model, points) in zip(axes.flat, curves.items()):
+        family = sorted((x, y, p) for p, x, y in points
+                        if (p == "amortize" or p.startswith("forget-every-")) and x > 0 and y > 0)
+        ax.plot([f[0] for f in family], [f[1] for f in family], color="gray", marker="o", label="forget-every-N")
+        for x, y, p in family:
+            ax.annotate(p.replace("forget-every-", "N="), (x, y), fontsize=7, textcoords="offset points",
+                        xytext=(4, 4))
+        others = [(p, x, y) for p, x, y in points
+                  if p not in ("amortize", "forget") and not p.startswith("forget-every-") and x > 0 and y > 0]
+        for k, (p, x, y) in enumerate(others):
+            ax.scatter([x], [y], marker=markers[k % len(markers)], s=90, color=f"C{k + 1}", label=p, zorder=3)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # minor labels overlap
+        ax.set_title(model, fontsize=9)
+        ax.set_xlabel(xlabel, fontsize=8)
+        ax.set_ylabel(ylabel, fontsize=8)
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=7)
+    for ax in list(axes.flat)[n:]:
+        ax.set_visible(False)
+    fig.suptitle(title, fontsize=10)
     return _save(fig, path)
 
 

@@ -4,8 +4,9 @@ Every policy gets its own session of the same history and the same edits:
 
 * ``amortize`` / ``forget`` / ``auto`` — every directive in that mode (``auto``: the runtime's
   choice, with its drift budget);
-* ``forget-every-N`` — amortize, but every N-th edit is a forget and then re-prefills from the
-  earliest position an earlier amortized edit touched (the session is exact again).
+* ``forget-every-N`` — amortize, but every N-th edit is a forget from the earliest position an
+  earlier amortized edit touched (the rows before the edit are recomputed first, then the forget
+  recomputes the rest once: the session is exact again).
 
 The reference R is the ``forget`` session: keep the untouched prefix, prefill the rest — an
 honest prefill of the edited history (its prefix rows are the earlier honest prefill's rows of
@@ -27,7 +28,7 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -61,6 +62,7 @@ class Arm:
     signal_tokens: int = 0
     choices: Counter = field(default_factory=Counter)
     signals: list[float] = field(default_factory=list)
+    attention: list[float] = field(default_factory=list)
     next_jsd: list[float] = field(default_factory=list)
     next_top1: list[bool] = field(default_factory=list)
     probe_jsd: list[float] = field(default_factory=list)  # the assistant-header position of each turn
@@ -142,6 +144,9 @@ def _apply(rt: Runtime, arm: Arm, step: int, directives: list[Directive]) -> Non
     before = s.counters.recomputed_tokens
     mode = arm.mode(step)
     batch = [d.model_copy(update={"mode": mode}) for d in directives]
+    every_forget = EVERY.match(arm.policy) and mode == "forget"
+    if every_forget:
+        arm.recomputed += _repair_before(rt, arm.session_id, batch)
     result = rt.apply(DirectiveBatch(session_id=arm.session_id, directives=batch), TENANT)
     arm.recomputed += s.counters.recomputed_tokens - before
     arm.first_change = min(o.token_start for o in result.outcomes)
@@ -151,20 +156,24 @@ def _apply(rt: Runtime, arm: Arm, step: int, directives: list[Directive]) -> Non
             arm.choices[o.auto.choice + ("+budget" if o.auto.drift_repair_tokens else "")] += 1
             if o.auto.layer1_change is not None:
                 arm.signals.append(o.auto.layer1_change)
-    if EVERY.match(arm.policy) and mode == "forget":
-        arm.recomputed += _repair(rt, arm.session_id)
+                arm.attention.append(o.auto.attention)
+    if every_forget:
+        s.drift = DriftState(budget=s.drift.budget)  # exact again: see _repair_before
 
 
-def _repair(rt: Runtime, session_id: str) -> int:
-    """Re-prefill from the earliest position an amortized edit touched; returns the rows."""
+def _repair_before(rt: Runtime, session_id: str, batch: list[Directive]) -> int:
+    """Before a forget-every-N forget: recompute the rows from the earliest position an earlier
+    amortized edit touched up to where the forget begins (the forget recomputes the rest), so the
+    session equals a fresh prefill at the cost of one re-prefill from the earliest drift; returns
+    the rows."""
     with rt._lock:
         s = _session(rt, session_id)
         start = s.drift.earliest
-        if start is None:
+        end = rt.executor.plan(s, batch).first_change
+        if start is None or start >= end:
             return 0
-        rt.executor.recompute(s, start, s.num_tokens)
-        s.drift = DriftState(budget=s.drift.budget)
-        return s.num_tokens - start
+        rt.executor.recompute(s, start, end)
+        return end - start
 
 
 def run_session(rt: Runtime, session: EditSession, policies: list[str], whole_suffix: bool = True) -> dict:
@@ -221,18 +230,17 @@ def _check_reference(rt: Runtime, ref: Arm, first_edit: int, whole_suffix: bool)
 
 def _arm_record(a: Arm) -> dict:
     return {"policy": a.policy, "recomputed": a.recomputed, "signal_tokens": a.signal_tokens,
-            "choices": dict(a.choices), "signals": a.signals, "next_jsd": a.next_jsd, "next_top1": a.next_top1,
+            "choices": dict(a.choices), "signals": a.signals, "attention": a.attention, "next_jsd": a.next_jsd, "next_top1": a.next_top1,
             "probe_jsd": a.probe_jsd, "probe_top1": a.probe_top1, "suffix_jsd": a.suffix_jsd, "suffix_top1": a.suffix_top1}
 
 
 def auto_config(args) -> AutoConfig:
     base = AutoConfig()
     budget = args.drift_budget if args.drift_budget is not None else base.drift_budget
-    return AutoConfig(forget_threshold=_pick(args.auto_forget_threshold, base.forget_threshold),
-                      repair_threshold=_pick(args.auto_repair_threshold, base.repair_threshold),
-                      repair_tail=_pick(args.auto_repair_tail, base.repair_tail),
-                      signal_window=base.signal_window,
-                      drift_budget=None if budget is not None and budget < 0 else budget)
+    return replace(base, forget_threshold=_pick(args.auto_forget_threshold, base.forget_threshold),
+                   repair_threshold=_pick(args.auto_repair_threshold, base.repair_threshold),
+                   repair_tail=_pick(args.auto_repair_tail, base.repair_tail),
+                   drift_budget=None if budget is not None and budget < 0 else budget)
 
 
 def _pick(value, default):

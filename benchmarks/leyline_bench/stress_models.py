@@ -4,7 +4,8 @@
 * ``stack-12`` / ``stack-18`` — its trained layers repeated (0..5, 0..5, ...): the same
   weights, 2× / 3× as deep, so amortize's stale rows compound over more layers.
 * ``v2-random`` / ``v3-random`` — tiny seeded DeepSeek-V2 (q-LoRA, YaRN) and V3 (MoE,
-  sigmoid routing) configs over the default tokenizer. Random weights at the usual 0.02
+  sigmoid routing) configs over the default tokenizer, 8 layers (``v2-random-N`` /
+  ``v3-random-N``: N layers). Random weights at the usual 0.02
   scale give near-uniform next-token distributions; :data:`SHARPEN` scales the linear
   weights so that the distributions, and so the drift, are not trivially flat.
 """
@@ -28,11 +29,14 @@ def build(name: str, vocab_size: int) -> DeepseekForCausalLM:
         return load_model(str(DEFAULT_MODEL_DIR))
     if name.startswith("stack-"):
         return stacked(load_model(str(DEFAULT_MODEL_DIR)), int(name.split("-")[1]))
-    if name == "v2-random":
-        return sharpened(seeded_model(_v2(vocab_size), seed=11))
-    if name == "v3-random":
-        return sharpened(seeded_model(_v3(vocab_size), seed=12))
-    raise ValueError(f"unknown model variant {name!r} (one of {', '.join(VARIANTS)})")
+    family, _, layers = name.partition("-random")
+    if family in ("v2", "v3") and (layers == "" or layers[1:].isdigit() and layers[0] == "-"):
+        cfg = _v2(vocab_size) if family == "v2" else _v3(vocab_size)
+        if layers:
+            cfg.num_hidden_layers = int(layers[1:])
+        return sharpened(seeded_model(cfg, seed=11 if family == "v2" else 12))
+    raise ValueError(f"unknown model variant {name!r} (one of {', '.join(VARIANTS)}; "
+                     f"v2-random-N / v3-random-N: N layers)")
 
 
 def stacked(base: DeepseekForCausalLM, num_layers: int) -> DeepseekForCausalLM:
