@@ -37,7 +37,7 @@ import torch
 from .tokenizer import ChatTokenizer
 
 CACHE_SIZE = 256
-CLOSING_WINDOW = 64  # the last tokens of a budget, where the closing estimate runs (a walk costs ~1 ms a step)
+CLOSING_WINDOW = 64  # the last tokens of a budget, where the closing estimate runs (a mask per walk step)
 CLOSING_EVERY = 4  # ... every this many tokens
 CLOSING_SLACK = 4  # tokens of margin: the model's own choices may be longer than the walk's
 CLOSERS = set('"}]')
@@ -98,7 +98,8 @@ class Closers:
 
     @classmethod
     def of(cls, tokenizer: ChatTokenizer) -> Closers:
-        texts = [tokenizer.token_text(i) for i in range(tokenizer.vocab_size)]
+        texts = tokenizer.tokenizer.decode_batch([[i] for i in range(tokenizer.vocab_size)],
+                                                 skip_special_tokens=False)
         markers = {tokenizer.end_id, tokenizer.end_tool_call_id}
         mask = torch.tensor([bool(t) and set(t) <= CLOSERS or i in markers for i, t in enumerate(texts)])
         quoted = mask & torch.tensor(['"' in t for t in texts])

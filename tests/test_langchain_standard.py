@@ -47,9 +47,16 @@ class TestChatLeylineUnit(ChatModelUnitTests):
         return True
 
 
-def model_quality(reason: str) -> None:
-    """xfail, once the test's own checks of what the runtime guarantees have passed."""
-    pytest.xfail(f"model quality, not the adapter: {reason}")
+class ModelQuality(Exception):
+    """The suite's check failed on a value only the model can get right; the guarantees held."""
+
+
+# xfail only for ModelQuality: any other failure (an AssertionError of the guarantee checks
+# below, an error) fails the test. The suite wants overridden tests marked xfail with a reason.
+MODEL_QUALITY = pytest.mark.xfail(
+    raises=ModelQuality, strict=False,
+    reason="model quality, not the adapter: the 12.8M default model must copy a value from the prompt "
+           "(input 3; a Chinese name); the forced call itself is checked valid first")
 
 
 @pytest.mark.slow  # ~100 generations on a real server: about 30 min on 2 busy cores
@@ -113,33 +120,36 @@ class TestChatLeylineIntegration(ChatModelIntegrationTests):
     # Chinese name copied into an argument). The runtime guarantees the rest: a forced call names
     # the offered tool with arguments valid against its schema. When the suite's check fails, the
     # guarantee is checked here (invoke and stream); only if it holds is the failure put down to
-    # the model (xfail). Everything else in both suites runs unmarked.
+    # the model (ModelQuality, the only xfail). Everything else in both suites runs unmarked.
 
+    @MODEL_QUALITY
     def test_tool_calling(self, model) -> None:
         try:
             super().test_tool_calling(model)
-        except AssertionError:
+        except AssertionError as exc:
             self._forced_call_is_valid(model, magic_function, "What is the value of magic_function(3)? Use the tool.",
                                        lambda args: isinstance(args["input"], int) and -1000 < args["input"] < 1000)
-            model_quality("a valid magic_function call, but not with input 3")
+            raise ModelQuality(f"a valid magic_function call, but not with input 3: {exc}") from exc
 
+    @MODEL_QUALITY
     async def test_tool_calling_async(self, model) -> None:
         try:
             await super().test_tool_calling_async(model)
-        except AssertionError:
+        except AssertionError as exc:
             self._forced_call_is_valid(model, magic_function, "What is the value of magic_function(3)? Use the tool.",
                                        lambda args: isinstance(args["input"], int) and -1000 < args["input"] < 1000)
-            model_quality("a valid magic_function call, but not with input 3")
+            raise ModelQuality(f"a valid magic_function call, but not with input 3: {exc}") from exc
 
+    @MODEL_QUALITY
     def test_unicode_tool_call_integration(self, model, *, tool_choice=None, force_tool_call=True) -> None:
         try:
             super().test_unicode_tool_call_integration(model, tool_choice=tool_choice,
                                                        force_tool_call=force_tool_call)
-        except AssertionError:
+        except AssertionError as exc:
             self._forced_call_is_valid(
                 model, unicode_customer, "Create a customer named '你好啊集团' (Hello Group)",
                 lambda args: isinstance(args["customer_name"], str) and isinstance(args["description"], str))
-            model_quality("a valid unicode_customer call, but the name is not the one asked for")
+            raise ModelQuality(f"a valid unicode_customer call, but not the name asked for: {exc}") from exc
 
     @staticmethod
     def _forced_call_is_valid(model: ChatLeyline, tool, prompt: str, args_ok) -> None:
