@@ -203,3 +203,15 @@ def test_without_closing_the_same_replies_are_cut(client, monkeypatch):
         except json.JSONDecodeError:
             broken += 1
     assert broken > 0
+
+
+def test_evaluate_constrained_decodes_with_the_grammar(capsys):
+    """``leyline-runtime evaluate --constrained``: every attempted call is well-formed (by construction)."""
+    from leyline_training.evaluate import main
+
+    with torch_threads(1):
+        result = main(["--tasks", "2", "--ppl-transcripts", "0", "--max-turns", "3", "--max-tokens", "48",
+                       "--constrained"])
+    agent = result["agent"]
+    assert result["constrained"] is True and agent["tool_calls_attempted"] > 0
+    assert agent["tool_calls_well_formed"] == agent["tool_calls_attempted"]
