@@ -19,11 +19,13 @@ to what a full re-prefill would have cost; at the end the totals, including
 what a prefix cache alone would have reused (measured by the runtime).
 
 The embedded default model is a 12.8M-parameter model trained here on
-synthetic transcripts of other tools; it often fails to call these ones.
-When the model's reply holds no tool call, the next step of a fixed plan is
-substituted for it and the output says so (SCRIPTED). The
-prompts still all go through the runtime; the substitution is itself an edit
-of the history (the generated reply is replaced), so it shows up as a directive.
+synthetic transcripts, "order" tasks like this one among them (with other item
+names and numbers). When its reply holds no tool call and no correct total, the
+next step of a fixed plan is substituted for it and the output says so
+(SCRIPTED). The prompts still all go through the runtime; a substitution is
+itself an edit of the history (the generated reply is replaced), so it shows
+up as a directive. At the end the example prints the expected total (computed
+from the files) next to the model's answer, and how many calls were scripted.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from __future__ import annotations
 import argparse
 import ast
 import asyncio
+import difflib
 import json
 import operator
 import os
@@ -43,6 +46,7 @@ from langchain.agents.middleware import AgentMiddleware, ClearToolUsesEdit, Cont
 from langchain_core.messages import AIMessage, RemoveMessage, ToolMessage
 from langchain_core.tools import ToolException, tool
 from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.errors import GraphRecursionError
 
 from leyline_langchain import create_agent
 from leyline_sdk import AsyncLeylineClient, CallStats, LeylineMemory, Message
@@ -50,6 +54,7 @@ from leyline_sdk import AsyncLeylineClient, CallStats, LeylineMemory, Message
 WORKDIR = Path(tempfile.mkdtemp(prefix="leyline-agent-"))
 TRUNCATE_LINES = 6  # a long tool output is cut to this many lines ...
 KEEP_FULL = 2  # ... once this many newer outputs follow it
+MAX_CALLS = 15  # model calls per run (LangGraph's recursion limit counts two steps per call)
 
 # --- tools ---------------------------------------------------------------------------------
 
@@ -67,13 +72,22 @@ def _eval(node: ast.AST) -> float:
     raise ToolException(f"unsupported expression element: {ast.dump(node)[:40]}")
 
 
+def number(value: float) -> str:
+    """Integers plainly, floats to 6 decimals with trailing zeros trimmed."""
+    if float(value).is_integer():
+        return str(int(value))
+    return f"{value:.6f}".rstrip("0").rstrip(".")
+
+
 @tool
 def calculator(expression: str) -> str:
     """Evaluate an arithmetic expression (+ - * / ** and parentheses)."""
     try:
-        return repr(round(_eval(ast.parse(expression, mode="eval").body), 6))
+        return number(_eval(ast.parse(expression, mode="eval").body))
     except SyntaxError as exc:
-        raise ToolException(f"not an expression: {exc.msg}") from None
+        raise ToolException(f"Error: SyntaxError: {exc.msg}") from None
+    except ZeroDivisionError:
+        raise ToolException("Error: ZeroDivisionError: division by zero") from None
 
 
 @tool
@@ -81,8 +95,9 @@ def read_file(path: str) -> str:
     """Read a text file from the working directory."""
     file = (WORKDIR / path).resolve()
     if WORKDIR.resolve() not in file.parents or not file.is_file():
-        names = ", ".join(sorted(p.name for p in WORKDIR.iterdir()))
-        raise ToolException(f"Error: no file {path!r}. Files: {names}")
+        close = difflib.get_close_matches(path, sorted(p.name for p in WORKDIR.iterdir()), n=1, cutoff=0.6)
+        hint = f" Did you mean '{close[0]}'?" if close else ""
+        raise ToolException(f"Error: FileNotFoundError: '{path}' not found.{hint}")
     return file.read_text()
 
 
@@ -90,13 +105,25 @@ calculator.handle_tool_error = True
 read_file.handle_tool_error = True
 
 
+CURRENCY, DISCOUNT, SHIPPING = "EUR", "0.15", "7.5"
+ORDER = [("widget-07", "2.25", 1), ("gasket-11", "9.25", 4), ("bracket-12", "16.25", 2)]
+
+
 def make_workdir() -> None:
-    (WORKDIR / "config.ini").write_text("[order]\ncurrency = EUR\ndiscount = 0.15\nshipping = 7.5\n")
-    rows = ["item,unit_price,quantity"] + [
-        f"part-{i:02d},{(i * 7) % 23 + 1.25:.2f},{(i * 3) % 5 + 1}" for i in range(40)]
+    (WORKDIR / "config.ini").write_text(
+        f"[order]\ncurrency = {CURRENCY}\ndiscount = {DISCOUNT}\nshipping = {SHIPPING}\n")
+    rows = ["item,unit_price,quantity"] + [f"{item},{price},{qty}" for item, price, qty in ORDER]
     (WORKDIR / "prices.csv").write_text("\n".join(rows) + "\n")
-    notes = [f"{d}: customer asked about part-{(d * 5) % 40:02d}, answered by ops" for d in range(1, 13)]
+    notes = [f"{d}: customer asked about {ORDER[d % len(ORDER)][0]}, answered by ops" for d in range(1, 13)]
     (WORKDIR / "notes.txt").write_text("\n".join(notes) + "\n")
+
+
+def expected_totals() -> set[str]:
+    """The order's total as the calculator prints it, in one step or two (the rounding may differ)."""
+    subtotal = number(sum(float(price) * qty for _, price, qty in ORDER))
+    direct = number(float(subtotal) * (1 - float(DISCOUNT)) + float(SHIPPING))
+    stepwise = number(float(number(float(subtotal) * (1 - float(DISCOUNT)))) + float(SHIPPING))
+    return {direct, stepwise}
 
 
 # --- the agent's own history edits (in the graph state) ------------------------------------
@@ -128,37 +155,56 @@ class HistoryEditor(AgentMiddleware):
 
 # --- stand-in decisions for a model that cannot call tools yet -----------------------------
 
+SUBTOTAL = " + ".join(f"{price} * {qty}" for _, price, qty in ORDER)
 PLAN = [
     ("read_file", {"path": "config.txt"}),  # fails: the file is config.ini
     ("read_file", {"path": "config.ini"}),
     ("read_file", {"path": "prices.csv"}),
-    ("read_file", {"path": "notes.txt"}),
-    ("calculator", {"expression": "2.25 * 1 + 9.25 * 4 + 16.25 * 2"}),
-    ("calculator", {"expression": "70.75 * (1 - 0.15)"}),
-    ("calculator", {"expression": "60.1375 + 7.5"}),
+    ("calculator", {"expression": SUBTOTAL}),
+    ("calculator", {"expression": f"({SUBTOTAL}) * (1 - {DISCOUNT}) + {SHIPPING}"}),
 ]
 
 
 class ScriptedDecisions(AgentMiddleware):
-    """When the model's reply holds no tool call, substitute the plan's next step (loudly)."""
+    """When the model's reply holds neither a tool call nor a correct total, substitute the
+    plan's next step not yet taken (loudly)."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.step = 0
+        self.calls = self.scripted = 0
 
     async def awrap_model_call(self, request: Any, handler: Any) -> Any:
         response = await handler(request)
+        self.calls += 1
         reply = response.result[0]
-        if reply.tool_calls or self.step >= len(PLAN):
+        if reply.tool_calls or any(total in reply.text for total in expected_totals()):
             return response
-        name, args = PLAN[self.step]
-        self.step += 1
-        print(f"  !! SCRIPTED: the model wrote {reply.text[:40]!r} (no tool call); "
-              f"substituting step {self.step}: {name}({json.dumps(args)})")
+        step = self.next_step(request.messages)
+        if step is None:
+            return response
+        name, args = step
+        self.scripted += 1
+        print(f"  !! SCRIPTED: the model wrote {reply.text[:40]!r} (no tool call, no correct total); "
+              f"substituting {name}({json.dumps(args)})")
         scripted = AIMessage(content="", id=reply.id, tool_calls=[
-            {"name": name, "args": args, "id": f"call_plan_{self.step}", "type": "tool_call"}])
+            {"name": name, "args": args, "id": f"call_plan_{self.scripted}", "type": "tool_call"}])
         response.result[0] = scripted
         return response
+
+    @staticmethod
+    def next_step(messages: list[Any]) -> tuple[str, dict[str, Any]] | None:
+        """The first plan step (after the deliberate mistake) no successful call has taken."""
+        done = set()
+        results = {m.tool_call_id: m for m in messages if isinstance(m, ToolMessage)}
+        for m in messages:
+            for call in getattr(m, "tool_calls", None) or []:
+                result = results.get(call["id"])
+                if result is not None and result.status != "error":
+                    done.add((call["name"], json.dumps(call["args"], sort_keys=True)))
+        for name, args in PLAN[1:]:
+            if (name, json.dumps(args, sort_keys=True)) not in done:
+                return name, args
+        return None
 
 
 # --- reporting -------------------------------------------------------------------------------
@@ -200,6 +246,7 @@ async def run(args: argparse.Namespace) -> Report:
     make_workdir()
     report = Report()
     memory = LeylineMemory(leyline_client(), on_call=report)
+    scripted = ScriptedDecisions()
 
     agent = create_agent(  # leyline_langchain.create_agent: Leyline's middleware goes last
         memory,
@@ -207,18 +254,26 @@ async def run(args: argparse.Namespace) -> Report:
         model_kwargs={"max_tokens": args.max_tokens},
         system_prompt="You are an order assistant. Use read_file and calculator; answer with the total.",
         middleware=[
-            ScriptedDecisions(),
+            scripted,
             HistoryEditor(),
             ContextEditingMiddleware(edits=[ClearToolUsesEdit(trigger=args.clear_trigger, keep=3)]),
         ],
         checkpointer=InMemorySaver(),
     )
     config = {"configurable": {"thread_id": "order-42"}}
-    task = "What does the order in prices.csv cost with the discount and shipping from the config?"
-    result = await agent.ainvoke({"messages": [("user", task)]}, config)
+    task = "What does order #42 in prices.csv cost with the discount and shipping from the config?"
+    try:
+        await agent.ainvoke({"messages": [("user", task)]}, {**config, "recursion_limit": 2 * MAX_CALLS + 1})
+    except GraphRecursionError:
+        print(f"\nthe agent did not finish within {MAX_CALLS} model calls")
+    messages = (await agent.aget_state(config)).values["messages"]
 
     totals = memory.stats("order-42")
-    print(f"\nfinal answer (model output): {result['messages'][-1].text[:80]!r}")
+    answer = messages[-1].text if isinstance(messages[-1], AIMessage) and not messages[-1].tool_calls else ""
+    correct = any(total in answer for total in expected_totals())
+    print(f"\nexpected total: {' or '.join(sorted(expected_totals()))} {CURRENCY}")
+    print(f"model's answer: {answer[:80]!r} ({'correct' if correct else 'WRONG'}; "
+          f"{scripted.scripted} of {scripted.calls} model calls scripted)")
     print(f"totals over {totals.model_calls} model calls, {totals.directives} directives:")
     print(f"  total prompt tokens (what re-prefilling every call costs): {totals.prompt_tokens}")
     print(f"  reused by Leyline (kept {totals.reused_tokens} + rotated {totals.rotated_tokens}): "

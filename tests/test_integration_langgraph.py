@@ -258,3 +258,27 @@ def test_chat_model_alone_keeps_tool_units_whole(client):
     assert not any(m.tool_call_id == "c2" for m in session)
     call = memory.last_call("solo")
     assert [(e.start, e.end, e.replacement, e.applied_mode) for e in call.edits] == [(4, 6, 0, "amortize")]
+
+
+@pytest.mark.slow
+def test_the_langgraph_example_runs_and_reports_its_answer_against_the_expected_total():
+    """examples/langgraph_agent.py end to end on the embedded runtime: it stays within 15 model calls,
+    sends directives for its edits and prints the expected total, the model's answer and the scripted count."""
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    run = subprocess.run([sys.executable, str(root / "examples" / "langgraph_agent.py")], capture_output=True,
+                         text=True, timeout=900, cwd=root)
+    assert run.returncode == 0, run.stderr[-2000:]
+    out = run.stdout
+    assert "expected total: 68.4875 EUR" in out
+    scripted = re.search(r"model's answer: .* \((correct|WRONG); (\d+) of (\d+) model calls scripted\)", out)
+    assert scripted, out[-2000:]
+    n_scripted, calls = int(scripted.group(2)), int(scripted.group(3))
+    assert 1 <= calls <= 15 and n_scripted <= calls
+    assert out.count("!! SCRIPTED") == n_scripted
+    directives = re.search(r"totals over (\d+) model calls, (\d+) directives", out)
+    assert directives and int(directives.group(1)) == calls and int(directives.group(2)) > 0

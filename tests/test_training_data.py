@@ -30,6 +30,7 @@ from leyline_training.tools import (
     execute_test_file,
     kv_get,
     run_tests,
+    validate_call,
 )
 from leyline_training.train import DataStream, lr_at, parse_curriculum
 from leyline_training.transcripts import KINDS, make_task, make_transcript
@@ -151,7 +152,10 @@ def test_transcript_shapes(transcripts):
     assert min(rounds) >= 1 and max(rounds) >= 4
     assert any(len(m.content.splitlines()) >= 30 for tr in transcripts for m in tr.messages if m.role == "tool")
     assert any(len(tr.tasks) > 1 for tr in transcripts)
-    assert all(tpl.render_tools(TOOLS) in tr.messages[0].content for tr in transcripts)
+    assert all(tpl.render_tools(tr.task.tools) in tr.messages[0].content for tr in transcripts)
+    # some start the way API requests do: the tools message, then the caller's system prompt
+    api = [tr for tr in transcripts if tr.messages[1].role == "system"]
+    assert api and all(tr.messages[0].content.startswith(tpl.render_tools(tr.task.tools)) for tr in api)
 
 
 def test_tools():
@@ -248,3 +252,78 @@ def test_agent_eval_harness_with_the_worked_solutions():
     bad = run_agent_eval(broken, 3, max_turns=2)
     assert bad["task_success_rate"] == 0.0
     assert bad["tool_calls_attempted"] == 12 and bad["well_formed_tool_call_rate"] == 0.0
+
+
+def _langgraph_example():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "examples" / "langgraph_agent.py"
+    spec = importlib.util.spec_from_file_location("langgraph_agent_for_training_test", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_order_tasks_are_the_langgraph_examples_kind_of_task():
+    """The "order" kind trains on what examples/langgraph_agent.py sends: its tools exactly as LangChain
+    renders them, its prompt layout and wording, its tools' output formats; not its names and numbers."""
+    from langchain_core.utils.function_calling import convert_to_openai_tool
+
+    from leyline_training.tools import ORDER_TOOLS
+    from leyline_training.transcripts import ORDER_PROMPTS, ORDER_QUESTIONS
+
+    example = _langgraph_example()
+    assert [convert_to_openai_tool(t) for t in (example.calculator, example.read_file)] == ORDER_TOOLS
+    assert ORDER_QUESTIONS[0].format(n=42) in example.__dict__["run"].__code__.co_consts
+    assert ORDER_PROMPTS[0] in example.__dict__["run"].__code__.co_consts
+    example.make_workdir()
+    with pytest.raises(Exception) as missing:
+        example.read_file.func("config.txt")
+    world = make_world("0", "test")
+    world.files["config.ini"] = "x"
+    assert str(missing.value) == execute(world, "read_file", {"path": "config.txt"})
+    for expr in ("2.25 * 1 + 9.25 * 4", "70.75 * (1 - 0.15) + 7.5", "7 / 2", "6 / 3"):
+        assert example.calculator.func(expr) == calculator(expr)
+    # held out: none of the example's item names is a training noun
+    items = {item.split("-")[0] for item, _, _ in example.ORDER}
+    assert not items & set(N.nouns("train"))
+
+    transcripts = [make_transcript(s, "train", kind="order") for s in range(40)]
+    for tr in transcripts:
+        assert tr.task.tools == ORDER_TOOLS and tr.messages[1].content in ORDER_PROMPTS
+        assert tr.task.check(tr.messages[-1].content)
+    assert any(m.content.startswith("Error: FileNotFoundError") for tr in transcripts for m in tr.messages
+               if m.role == "tool")
+
+
+def test_drills_answers_are_copies_of_the_context():
+    from leyline_training.drills import make_drill
+
+    kinds = set()
+    for seed in range(60):
+        messages = make_drill(seed, "train")
+        assert make_drill(seed, "train") == messages  # pure function of (seed, split)
+        context = ""
+        for m in messages:
+            if m.role == "assistant":
+                for call in m.tool_calls or []:
+                    args = json.loads(call.function.arguments)
+                    assert validate_call(call.function.name, args) is None
+                    assert all(str(v) in context for v in args.values()) or call.function.name == "read_file"
+                    kinds.add(call.function.name)
+                if m.content:
+                    tail = m.content.rstrip(".").split()[-1].rstrip(".")
+                    assert tail in context, (m.content, context[-300:])
+            context += m.content + "\n"
+    assert kinds == {"calculator", "read_file"}
+
+
+def test_packer_mixes_drills_in_by_share(tok):
+    plain = Packer(tok, seed=5, transcript_share=0.95, drill_share=0.0).shard(0, 1024)
+    drilled = Packer(tok, seed=5, transcript_share=0.95, drill_share=0.5).shard(0, 1024)
+    again = Packer(tok, seed=5, transcript_share=0.95, drill_share=0.5).shard(0, 1024)
+    assert np.array_equal(drilled.tokens, again.tokens)
+    # drills are short and all-answer: more conversations, a larger share of assistant tokens
+    assert drilled.transcripts > plain.transcripts
+    assert (drilled.classes == CLS_ASSISTANT).mean() > (plain.classes == CLS_ASSISTANT).mean()

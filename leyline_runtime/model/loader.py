@@ -57,15 +57,19 @@ def _load_default_model(device: str | torch.device, dtype: torch.dtype) -> Deeps
     return seeded_model(default_config(vocab)).to(device=device, dtype=dtype)
 
 
-def save_model(model: DeepseekForCausalLM, folder: str | Path) -> None:
-    """Write ``config.json`` (transformers style, half-split rope) + ``model.safetensors``."""
+def save_model(model: DeepseekForCausalLM, folder: str | Path, dtype: torch.dtype | None = None) -> None:
+    """Write ``config.json`` (transformers style, half-split rope) + ``model.safetensors``.
+
+    ``dtype`` stores the weights in that type (``torch.bfloat16`` halves the file);
+    :func:`load_model` casts them to the dtype it is asked for (fp32 upcasts exactly).
+    """
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     cfg_dict = model.config.to_hf_dict()
     cfg_dict["rope_interleave"] = False  # we store the half-split layout
     with open(folder / "config.json", "w") as f:
-        json.dump(cfg_dict, f, indent=2, sort_keys=True)
-    state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()
+        json.dump(cfg_dict, f, indent=2, sort_keys=True)  # no torch_dtype: readers default to fp32
+    state = {k: v.detach().to("cpu", dtype=dtype or v.dtype).contiguous() for k, v in model.state_dict().items()
              if not k.startswith("rotary.")}
     if model.config.tie_word_embeddings:
         state.pop("lm_head.weight", None)

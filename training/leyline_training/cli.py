@@ -32,6 +32,8 @@ def add_train_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
     ap.add_argument("--assistant-weight", type=float, default=2.0, help="loss weight of assistant tokens")
     ap.add_argument("--transcript-share", type=float, default=0.7, help="transcript fraction of the tokens")
+    ap.add_argument("--drill-share", type=float, default=0.0,
+                    help="fraction of the conversations that are copy/recall drills instead of agent tasks")
     ap.add_argument("--curriculum", default="1024:0.4",
                     help="shorter rows first: LEN:FRACTION[,...] of the budget, then --seq-len ('' = none)")
     ap.add_argument("--seed", type=int, default=0)
@@ -41,6 +43,9 @@ def add_train_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--max-steps", type=int, default=None)
     ap.add_argument("--tokenizer", default=None, help="tokenizer.json (default: the embedded default model's)")
     ap.add_argument("--export", default=None, help="also copy the final folder's files here")
+    ap.add_argument("--init-from", default=None,
+                    help="model folder whose weights (and config) start the run instead of a seeded random "
+                         "init: how a later stage continues an earlier one (a checkpoint in --out wins)")
     ap.add_argument("--eval-transcripts", type=int, default=32, help="held-out transcripts scored at the end")
 
 

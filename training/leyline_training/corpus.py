@@ -34,6 +34,7 @@ from leyline_sdk.protocol import Message
 from leyline_runtime import chat_template as tpl
 from leyline_runtime.model.default import DEFAULT_MODEL_DIR
 from leyline_runtime.tokenizer import ChatTokenizer
+from .drills import make_drill
 from .transcripts import make_transcript
 
 SKIP_DIRS = {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__", "encodings",
@@ -161,8 +162,9 @@ class Packer:
     """Deterministic shards of packed rows (``seq_len + 1`` tokens: inputs + shifted targets)."""
 
     def __init__(self, tok: ChatTokenizer, *, seed: int = 0, rows_per_shard: int = 64,
-                 transcript_share: float = 0.7, split: str = "train"):
+                 transcript_share: float = 0.7, split: str = "train", drill_share: float = 0.0):
         self.tok = tok
+        self.drill_share = drill_share  # of the conversations: copy/recall drills (.drills) instead of tasks
         self.seed = seed
         self.rows_per_shard = rows_per_shard
         self.transcript_share = transcript_share
@@ -185,9 +187,11 @@ class Packer:
         def next_transcript():
             nonlocal j, skipped
             while True:
-                tr = make_transcript(self.seed * 1_000_000_000 + index * SEED_STRIDE + j, self.split)
+                seed = self.seed * 1_000_000_000 + index * SEED_STRIDE + j
                 j += 1
-                ids, cls = transcript_tokens(tok, tr.messages)
+                drill = self.drill_share and random.Random(f"pick:{seed}").random() < self.drill_share
+                messages = make_drill(seed, self.split) if drill else make_transcript(seed, self.split).messages
+                ids, cls = transcript_tokens(tok, messages)
                 ids, cls = ids + [self.eot], cls + [CLS_CONTEXT]
                 if len(ids) <= width:
                     return ids, cls

@@ -49,6 +49,19 @@ TOOLS: list[dict] = [
             "required": ["key"]}}},
 ]
 
+# The two tools of ``examples/langgraph_agent.py`` exactly as LangChain sends them
+# (``convert_to_openai_tool`` of its ``@tool`` functions): the "order" tasks offer these,
+# so that example's requests are in the training distribution (names and values are not).
+ORDER_TOOLS: list[dict] = [
+    {"type": "function", "function": {
+        "name": "calculator", "description": "Evaluate an arithmetic expression (+ - * / ** and parentheses).",
+        "parameters": {"properties": {"expression": {"type": "string"}}, "required": ["expression"],
+                       "type": "object"}}},
+    {"type": "function", "function": {
+        "name": "read_file", "description": "Read a text file from the working directory.",
+        "parameters": {"properties": {"path": {"type": "string"}}, "required": ["path"], "type": "object"}}},
+]
+
 TOOL_NAMES = [t["function"]["name"] for t in TOOLS]
 _SPECS = {t["function"]["name"]: t["function"] for t in TOOLS}
 

@@ -4,7 +4,8 @@
 
 * Model: ``leyline_runtime.model.default_config(vocab)`` (DeepSeek-V3 MLA,
   dense, ~13M parameters, tied embeddings), initialised by ``seeded_model``.
-* Data: :class:`.corpus.Packer` shards (transcripts + stdlib, ``seq_len``
+* Data: :class:`.corpus.Packer` shards (transcripts, ``--drill-share`` of them copy/recall
+  drills (:mod:`.drills`), + stdlib, ``seq_len``
   rows); a sequence-length curriculum (default ``--curriculum 1024:0.4``:
   1024-token rows for the first 40 % of the budget, then ``--seq-len``
   2048, so 2k-token agent histories are in distribution). Tokens per
@@ -19,7 +20,7 @@
   matmuls several times slower than fp32).
 * Checkpoints ``out/checkpoint.pt`` (model, optimiser, step, data position,
   elapsed time) every ``--checkpoint-minutes``; a rerun resumes from it.
-* At the end: ``out/model/`` = ``config.json`` + ``model.safetensors`` +
+* At the end: ``out/model/`` = ``config.json`` + ``model.safetensors`` (bf16) +
   ``tokenizer.json`` (+ ``training.json``); ``--export DIR`` copies them there
   (e.g. ``leyline_runtime/default_model``).
 """
@@ -39,7 +40,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from leyline_runtime.model import default_config, save_model, seeded_model
+from leyline_runtime.model import default_config, load_model, read_config, save_model, seeded_model
 from leyline_runtime.model.config import config_from_dict
 from leyline_runtime.model.deepseek import DeepseekForCausalLM
 from leyline_runtime.model.default import DEFAULT_MODEL_DIR
@@ -137,7 +138,7 @@ def train(out_dir: str | Path, *, minutes: float = 70.0, seq_len: int = 2048, ba
           curriculum: str | None = "1024:0.4", seed: int = 0, checkpoint_minutes: float = 5.0, resume: bool = True,
           log_every: int = 10, max_steps: int | None = None, tokenizer: str | Path = DEFAULT_TOKENIZER,
           export: str | Path | None = None, eval_transcripts: int = 32, rows_per_shard: int = 64,
-          log=print) -> dict:
+          init_from: str | Path | None = None, drill_share: float = 0.0, log=print) -> dict:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     if threads:
@@ -155,17 +156,23 @@ def train(out_dir: str | Path, *, minutes: float = 70.0, seq_len: int = 2048, ba
         state = torch.load(ckpt_path, map_location="cpu", weights_only=False)
         cfg = config_from_dict(state["config"])
         log(f"resuming from {ckpt_path}: step {state['step']}, {state['elapsed'] / 60:.1f} min done")
+    elif init_from:
+        cfg = read_config(init_from)
+        log(f"starting from the weights in {init_from}")
     else:
         cfg = default_config(tok.vocab_size)
     torch.manual_seed(seed)
     model = seeded_model(cfg, seed)
     if state is not None:
         model.load_state_dict(state["model"])
+    elif init_from:
+        model.load_state_dict(load_model(str(init_from), dtype=torch.float32).state_dict())
     model.train()
     opt = torch.optim.AdamW(param_groups(model, weight_decay), lr=lr, betas=betas, eps=1e-8)
     if state is not None:
         opt.load_state_dict(state["optimizer"])
-    packer = Packer(tok, seed=seed, rows_per_shard=rows_per_shard, transcript_share=transcript_share)
+    packer = Packer(tok, seed=seed, rows_per_shard=rows_per_shard, transcript_share=transcript_share,
+                    drill_share=drill_share)
     stream = DataStream(packer, *(state["data"] if state else (0, 0)))
     step = state["step"] if state else 0
     tokens_seen = state["tokens"] if state else 0
@@ -241,11 +248,13 @@ def train(out_dir: str | Path, *, minutes: float = 70.0, seq_len: int = 2048, ba
     checkpoint()
     model.eval()
     final = out / "model"
-    save_model(model, final)
+    save_model(model, final, dtype=torch.bfloat16)  # compact: half the bytes; loaders upcast
     shutil.copyfile(tokenizer, final / "tokenizer.json")
     summary = {"steps": step, "tokens": tokens_seen, "elapsed_min": elapsed / 60, "stop": stop_reason,
                "params": n_params, "dtype": dtype, "threads": torch.get_num_threads(), "seq_len": seq_len,
                "batch": batch, "accum": accum, "lr": lr, "curriculum": curriculum, "seed": seed,
+               "init_from": str(init_from) if init_from else None, "assistant_weight": assistant_weight,
+               "transcript_share": transcript_share, "drill_share": drill_share,
                "data_position": [stream.shard_index, stream.row],
                "packed_tokens_this_process": {"transcripts": stream.transcript_tokens, "stdlib": stream.text_tokens},
                "last_loss": history[-1]["loss"] if history else None,
@@ -285,7 +294,8 @@ def run(args: argparse.Namespace) -> dict:
                  transcript_share=args.transcript_share, curriculum=args.curriculum, seed=args.seed,
                  checkpoint_minutes=args.checkpoint_minutes, resume=not args.no_resume,
                  log_every=args.log_every, max_steps=args.max_steps, tokenizer=args.tokenizer or DEFAULT_TOKENIZER,
-                 export=args.export, eval_transcripts=args.eval_transcripts)
+                 export=args.export, eval_transcripts=args.eval_transcripts, init_from=args.init_from,
+                 drill_share=args.drill_share)
 
 
 if __name__ == "__main__":

@@ -23,8 +23,9 @@ from dataclasses import dataclass, field
 from leyline_sdk.protocol import FunctionCall, Message, ToolCall
 
 from leyline_runtime.chat_template import render_tools
+from leyline_sdk.tools_prompt import tools_message
 from . import names as N
-from .tools import TOOLS, calculator, execute, execute_test_file
+from .tools import ORDER_TOOLS, TOOLS, calculator, execute, execute_test_file
 from .world import World, make_world
 
 SPLITS = ("train", "test")
@@ -38,6 +39,18 @@ SYSTEM_PROMPT = (
 
 def system_message(tools: list[dict] | None = None) -> Message:
     return Message(role="system", content=SYSTEM_PROMPT + "\n\n" + render_tools(tools or TOOLS))
+
+
+def api_head(tools: list[dict], prompt: str) -> list[Message]:
+    """How the runtime's chat routes and LangChain adapter start a prompt: the tools message
+    (``leyline_sdk.tools_prompt.tools_message``), then the caller's own system prompt."""
+    head = tools_message(tools)
+    assert head is not None
+    return [head.model_copy(update={"id": None}), Message(role="system", content=prompt)]
+
+
+API_FORMAT_SHARE = 0.3  # transcripts that start the way API requests do (see :func:`api_head`)
+ORDER_SHARE = 0.12  # transcripts that are "order" tasks (the LangGraph example's kind of task)
 
 
 def _needle(s: str) -> re.Pattern:
@@ -535,6 +548,87 @@ def _kind_port_sum(rng: random.Random, world: World, split: str) -> Spec | None:
     return user, result, [(result,)], [], solve
 
 
+ORDER_PROMPTS = [
+    "You are an order assistant. Use read_file and calculator; answer with the total.",
+    "You are an order assistant. Use the tools and answer with the total.",
+    "You help customers with their orders. Read the files you need and compute totals with the calculator.",
+    "You are a billing assistant. Use read_file and calculator.",
+]
+ORDER_QUESTIONS = [
+    "What does order #{n} in prices.csv cost with the discount and shipping from the config?",
+    "How much does order #{n} (prices.csv) cost after the discount, shipping included?",
+    "Compute the total of order #{n} in prices.csv: apply the configured discount, then add shipping.",
+    "What is the final price of order #{n} in prices.csv (discount and shipping from the config)?",
+]
+_CURRENCIES = ["EUR", "USD", "GBP", "CHF"]
+
+
+def _order_world(rng: random.Random, world: World, split: str) -> dict:
+    """Adds ``config.ini``, ``prices.csv`` and ``notes.txt`` (an order) to the world."""
+    pool = N.nouns(split)
+    items = [f"{rng.choice(pool)}-{rng.randint(1, 60):02d}" for _ in range(rng.randint(2, 5))]
+    prices = [f"{rng.choice([rng.randint(1, 40) + rng.choice([0.25, 0.5, 0.75, 0.0]), rng.randint(100, 4999) / 100]):.2f}"
+              for _ in items]
+    qty = [rng.randint(1, 6) for _ in items]
+    discount = rng.choice(["0.05", "0.1", "0.15", "0.2", "0.25", "0.3"])
+    shipping = rng.choice(["0", "4.5", "5", "7.5", "9.9", "12", "3.25"])
+    currency = rng.choice(_CURRENCIES)
+    world.files["config.ini"] = f"[order]\ncurrency = {currency}\ndiscount = {discount}\nshipping = {shipping}\n"
+    world.files["prices.csv"] = "item,unit_price,quantity\n" + "".join(
+        f"{i},{p},{q}\n" for i, p, q in zip(items, prices, qty))
+    days = sorted(rng.sample(range(1, 29), rng.randint(3, 8)))
+    world.files["notes.txt"] = "".join(f"{d}: customer asked about {rng.choice(items)}, answered by ops\n"
+                                       for d in days)
+    return {"items": items, "prices": prices, "qty": qty, "discount": discount, "shipping": shipping,
+            "currency": currency}
+
+
+def _order_transcript(rng: random.Random, world: World, split: str, seed: int) -> Transcript:
+    """An "order" task: read the config and the price list, compute the total in steps.
+
+    Like ``examples/langgraph_agent.py``: its two tools (:data:`.tools.ORDER_TOOLS`), the API
+    prompt layout, a wrong first guess at the config's file name now and then, a calculator
+    call per step. Item names come from the split's noun pool; all numbers are drawn per task.
+    """
+    o = _order_world(rng, world, split)
+    messages = api_head(ORDER_TOOLS, rng.choice(ORDER_PROMPTS))
+    user = rng.choice(ORDER_QUESTIONS).format(n=rng.randint(10, 999))
+    messages.append(Message(role="user", content=user))
+    play = _Play(world, rng, messages)
+    subtotal_expr = " + ".join(f"{p} * {q}" for p, q in zip(o["prices"], o["qty"]))
+    subtotal = calculator(subtotal_expr)
+    discounted_expr = f"{subtotal} * (1 - {o['discount']})"
+    discounted = calculator(discounted_expr)
+    total_expr = f"{discounted} + {o['shipping']}"
+    total = calculator(total_expr)
+    if rng.random() < 0.4:
+        play.one(_say(rng, ["First the config."]), "read_file", {"path": rng.choice(["config.txt", "config.yaml",
+                                                                                    "order.ini"])})
+        play.one(_say(rng, ["Wrong file name; the config is config.ini."], 0.3), "read_file", {"path": "config.ini"})
+    else:
+        play.one(_say(rng, ["First the config.", "Reading the discount and shipping."]), "read_file",
+                 {"path": "config.ini"})
+    play.one(_say(rng, [f"Discount {o['discount']}, shipping {o['shipping']}. Now the prices."], 0.3),
+             "read_file", {"path": "prices.csv"})
+    play.one(_say(rng, ["Subtotal: unit price times quantity, summed."], 0.4), "calculator",
+             {"expression": subtotal_expr})
+    if rng.random() < 0.5:
+        play.one(_say(rng, [f"Subtotal {subtotal}; applying the {o['discount']} discount."], 0.4), "calculator",
+                 {"expression": discounted_expr})
+        play.one(_say(rng, [f"Adding shipping {o['shipping']}."], 0.4), "calculator", {"expression": total_expr})
+    else:
+        total_expr = f"{subtotal} * (1 - {o['discount']}) + {o['shipping']}"
+        total = calculator(total_expr)
+        play.one(_say(rng, [f"Subtotal {subtotal}; applying the discount and adding shipping."], 0.4),
+                 "calculator", {"expression": total_expr})
+    play.answer(rng.choice([f"The order costs {total} {o['currency']}.", f"The total is {total} {o['currency']}.",
+                            f"{total} {o['currency']} (subtotal {subtotal}, discount {o['discount']}, "
+                            f"shipping {o['shipping']})."]))
+    task = Task(task_id=f"{split}-{seed}", split=split, kind="order", messages=messages[:3], tools=ORDER_TOOLS,
+                world=world, expected=total, required=[(total,)])
+    return Transcript(tasks=[task], messages=play.messages)
+
+
 KINDS: dict[str, tuple[float, Callable[[random.Random, World, str], Spec | None]]] = {
     "calc": (13, _kind_calc),
     "div_zero": (2, _kind_div_zero),
@@ -585,7 +679,12 @@ def make_transcript(seed: int, split: str = "train", kind: str | None = None) ->
     _check_split(split)
     rng = random.Random(f"transcript:{split}:{seed}")
     world = make_world(str(seed), split)
-    messages = [system_message()]
+    # A separate stream, so adding these choices left every other transcript as it was.
+    layout = random.Random(f"layout:{split}:{seed}")
+    if kind == "order" or (kind is None and layout.random() < ORDER_SHARE):
+        return _order_transcript(rng, world, split, seed)
+    api = layout.random() < API_FORMAT_SHARE
+    messages = api_head(TOOLS, SYSTEM_PROMPT) if api else [system_message()]
     play = _Play(world, rng, messages)
     tasks: list[Task] = []
     n_parts = 1 + (rng.choice([1, 1, 2]) if rng.random() < 0.35 else 0)
