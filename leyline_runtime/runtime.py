@@ -36,6 +36,7 @@ from .auto_mode import AutoConfig, AutoMode
 from .drift import DriftState
 from .engine import Engine, Generation
 from .executor import DirectiveExecutor, Plan
+from .grammar import GrammarProcessor
 from .kv_cache import BlockPool, BlockTable, ensure_capacity
 from .model import DeepseekForCausalLM, load_model
 from .model.default import DEFAULT_MODEL_DIR
@@ -226,6 +227,8 @@ class Runtime:
                           completion_tokens=len(gen.tokens),
                           total_tokens=prompt_len + len(gen.tokens))
             finish = "tool_calls" if message.tool_calls and gen.finish_reason == "stop" else gen.finish_reason
+            if any(isinstance(p, GrammarProcessor) and p.closing for p in processors or []):
+                finish = "length"  # the grammar closed the reply early: the budget ended it
             return GenerateResponse(session_id=session_id, message=message, finish_reason=finish, usage=usage,
                                     logprobs=self._logprobs(gen) if request.logprobs else None,
                                     version=session.version)

@@ -6,6 +6,7 @@ to read the answer); the two client classes only differ in how they send it.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 from collections.abc import Callable, Mapping, Sequence
@@ -164,7 +165,7 @@ def append(
 
 
 _GENERATE_OPTIONS = {k: v for k, v in GenerateRequest.model_fields.items()
-                     if k not in ("messages", "expected_version")}
+                     if k not in ("messages", "expected_version", "stream")}
 
 
 def generate(
@@ -183,6 +184,55 @@ def generate(
     # Only what the caller chose travels, so the runtime's defaults stay the defaults.
     json = _dump(body, include={"messages", "expected_version", *sampling})
     return Call("POST", _session_path(session_id, "/generate"), _model(GenerateResponse), json=json)
+
+
+def generate_stream(
+    session_id: str,
+    messages: Sequence[MessageLike] | None,
+    expected_version: int | None,
+    sampling: Mapping[str, Any],
+) -> Call[GenerateResponse]:
+    """The streaming generate; an event stream is read line by line with :func:`stream_event`,
+    any other answer (an error) with :func:`whole_generation`."""
+    call = generate(session_id, messages, expected_version, sampling)
+    return Call(call.method, call.path, call.parse, json={**call.json, "stream": True})
+
+
+StreamEvent = str | GenerateResponse  # a text delta, or the finished generation (the last event)
+
+
+def is_event_stream(response: httpx.Response) -> bool:
+    return response.headers.get("content-type", "").startswith("text/event-stream")
+
+
+def whole_generation(response: httpx.Response) -> list[StreamEvent]:
+    """A non-streamed answer to a streaming generate: its error raised, or its reply as one delta."""
+    done = _model(GenerateResponse)(response)
+    return [done.message.content, done] if done.message.content else [done]
+
+
+def stream_event(line: str) -> StreamEvent | None:
+    """One SSE line of a streaming generate: a text delta, the final response, or ``None``
+    (not a data line); an ``error`` event raises its exception."""
+    if not line.startswith("data:"):
+        return None
+    try:
+        event = json.loads(line[5:].strip())
+    except ValueError as exc:
+        raise APIStatusError(f"unexpected stream event: {line[:200]!r}", code="invalid_response") from exc
+    kind = event.get("type") if isinstance(event, dict) else None
+    if kind == "delta":
+        return str(event.get("content", ""))
+    if kind == "done":
+        try:
+            return GenerateResponse.model_validate(event.get("response"))
+        except pydantic.ValidationError as exc:
+            raise APIStatusError(f"unexpected stream event (not a GenerateResponse): {exc}",
+                                 code="invalid_response") from exc
+    error = event.get("error") if isinstance(event, dict) else None
+    if kind == "error" and isinstance(error, dict):
+        raise error_for(str(error.get("code", "api_error")), str(error.get("message", "")), None)
+    raise APIStatusError(f"unexpected stream event: {line[:200]!r}", code="invalid_response")
 
 
 def apply(

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
 import httpx
 
 from . import _base
-from ._base import Call, ClientConfig, DirectiveLike, MessageLike
+from ._base import Call, ClientConfig, DirectiveLike, MessageLike, StreamEvent
 from .protocol import (
     AppendResult,
     DirectiveResult,
@@ -117,6 +117,41 @@ class LeylineClient(_ClientSettings):
     ) -> GenerateResponse:
         """Append ``messages`` (if any), then generate one assistant message."""
         return self._send(_base.generate(session_id, messages, expected_version, sampling))
+
+    def generate_stream(
+        self,
+        session_id: str,
+        messages: Sequence[MessageLike] | None = None,
+        *,
+        expected_version: int | None = None,
+        **sampling: Any,
+    ) -> Iterator[StreamEvent]:
+        """:meth:`generate`, streamed: yields the text as it is generated (``str`` deltas that
+        add up to the message's content), then the :class:`GenerateResponse` (tool calls,
+        usage, version). An error before the first event raises as :meth:`generate` does."""
+        call = _base.generate_stream(session_id, messages, expected_version, sampling)
+        request = self._config.build_request(self._http, call)
+        attempt = 0
+        while True:
+            try:
+                response = self._http.send(request, stream=True)
+                break
+            except httpx.TransportError as exc:
+                time.sleep(_base.retry_delay_or_raise(exc, attempt, self._config))
+                attempt += 1
+        try:
+            if not response.is_success or not _base.is_event_stream(response):
+                response.read()
+                yield from _base.whole_generation(response)  # an error, or a server that does not stream
+                return
+            for line in response.iter_lines():
+                event = _base.stream_event(line)
+                if event is not None:
+                    yield event
+        except httpx.TransportError as exc:
+            raise _base.transport_error(exc, self._config.base_url) from exc
+        finally:
+            response.close()
 
     # directives
 
@@ -237,6 +272,40 @@ class AsyncLeylineClient(_ClientSettings):
     ) -> GenerateResponse:
         """Append ``messages`` (if any), then generate one assistant message."""
         return await self._send(_base.generate(session_id, messages, expected_version, sampling))
+
+    async def generate_stream(
+        self,
+        session_id: str,
+        messages: Sequence[MessageLike] | None = None,
+        *,
+        expected_version: int | None = None,
+        **sampling: Any,
+    ) -> AsyncIterator[StreamEvent]:
+        """:meth:`LeylineClient.generate_stream`, async."""
+        call = _base.generate_stream(session_id, messages, expected_version, sampling)
+        request = self._config.build_request(self._http, call)
+        attempt = 0
+        while True:
+            try:
+                response = await self._http.send(request, stream=True)
+                break
+            except httpx.TransportError as exc:
+                await asyncio.sleep(_base.retry_delay_or_raise(exc, attempt, self._config))
+                attempt += 1
+        try:
+            if not response.is_success or not _base.is_event_stream(response):
+                await response.aread()
+                for whole in _base.whole_generation(response):  # an error, or a server that does not stream
+                    yield whole
+                return
+            async for line in response.aiter_lines():
+                event = _base.stream_event(line)
+                if event is not None:
+                    yield event
+        except httpx.TransportError as exc:
+            raise _base.transport_error(exc, self._config.base_url) from exc
+        finally:
+            await response.aclose()
 
     # directives
 

@@ -36,10 +36,11 @@ import hashlib
 import re
 import threading
 import uuid
-from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
+from ._base import StreamEvent
 from .client import AsyncLeylineClient, LeylineClient
 from .diff import apply_directives, split_append
 from .errors import InvalidDirective, LeylineError, SessionNotFound, VersionConflict
@@ -398,6 +399,45 @@ class LeylineMemory:
         assert out.response is not None
         return out.response
 
+    def generate_stream(
+        self,
+        thread_id: str,
+        view: Sequence[Message | Mapping[str, Any]],
+        *,
+        message_id: str | None = None,
+        **sampling: Any,
+    ) -> Iterator[StreamEvent]:
+        """:meth:`generate`, streamed: the text as it is generated (``str`` deltas), then the
+        :class:`GenerateResponse` as :meth:`generate` returns it.
+
+        The thread stays locked until the iterator is exhausted or closed. Recovery
+        (rebuild, resync) happens as in :meth:`generate` as long as no text was
+        streamed; an error after the first delta is raised as is.
+        """
+        flow = self._flow(thread_id, view, op="generate", sampling=_sampling(sampling), message_id=message_id)
+        with self._thread(thread_id).lock:
+            out = yield from self._drive(flow, stream=True)
+        assert out.response is not None
+        yield out.response
+
+    async def agenerate_stream(
+        self,
+        thread_id: str,
+        view: Sequence[Message | Mapping[str, Any]],
+        *,
+        message_id: str | None = None,
+        **sampling: Any,
+    ) -> AsyncIterator[StreamEvent]:
+        """:meth:`generate_stream`, async."""
+        flow = self._flow(thread_id, view, op="generate", sampling=_sampling(sampling), message_id=message_id)
+        async with self._locked(thread_id), contextlib.aclosing(self._adrive(flow, stream=True)) as steps:
+            async for event in steps:
+                if isinstance(event, _Outcome):
+                    assert event.response is not None
+                    yield event.response
+                else:
+                    yield event
+
     def note_response_id(self, thread_id: str, message_id: str | None, fingerprint: tuple | None = None) -> None:
         """The framework gave the generated message another id: record it in the shadow.
 
@@ -630,43 +670,97 @@ class LeylineMemory:
 
     def _run(self, thread_id: str, flow: Generator[_Req, Any, _Outcome]) -> _Outcome:
         with self._thread(thread_id).lock:
-            return self._drive(flow)
+            steps = self._drive(flow, stream=False)
+            while True:
+                try:
+                    next(steps)
+                except StopIteration as stop:
+                    return stop.value
 
-    def _drive(self, flow: Generator[_Req, Any, _Outcome]) -> _Outcome:
+    def _drive(self, flow: Generator[_Req, Any, _Outcome], stream: bool) -> Generator[str, None, _Outcome]:
+        """Make the flow's calls; with ``stream`` the generate is streamed and its deltas yielded."""
         client = self._sync_client()
         value: Any = None
         error: LeylineError | None = None
+        streamed = False
         while True:
             try:
                 req = flow.throw(error) if error is not None else flow.send(value)
             except StopIteration as stop:
                 return stop.value
             try:
-                value, error = getattr(client, req.method)(*req.args, **req.kwargs), None
+                if stream and req.method == "generate":
+                    for event in client.generate_stream(*req.args, **req.kwargs):
+                        if isinstance(event, GenerateResponse):
+                            value = event
+                        else:
+                            streamed = True
+                            yield event
+                else:
+                    value = getattr(client, req.method)(*req.args, **req.kwargs)
+                error = None
             except LeylineError as exc:
+                if streamed:
+                    raise  # text went out: no recovery can take it back
                 value, error = None, exc
 
-    async def _arun(self, thread_id: str, flow: Generator[_Req, Any, _Outcome]) -> _Outcome:
+    @contextlib.asynccontextmanager
+    async def _locked(self, thread_id: str) -> AsyncIterator[None]:
         lock = self._thread(thread_id).lock
         while not lock.acquire(blocking=False):  # a threading lock: sync callers hold it too
             await asyncio.sleep(0.005)
         try:
-            return await self._adrive(flow)
+            yield
         finally:
             lock.release()
 
-    async def _adrive(self, flow: Generator[_Req, Any, _Outcome]) -> _Outcome:
+    async def _arun(self, thread_id: str, flow: Generator[_Req, Any, _Outcome]) -> _Outcome:
+        async with self._locked(thread_id), contextlib.aclosing(self._adrive(flow, stream=False)) as steps:
+            async for event in steps:
+                if isinstance(event, _Outcome):
+                    return event
+        raise AssertionError("the flow ended without an outcome")
+
+    async def _adrive(self, flow: Generator[_Req, Any, _Outcome], stream: bool) -> AsyncGenerator[str | _Outcome, None]:
+        """:meth:`_drive`, async: yields the deltas, then the flow's outcome."""
         value: Any = None
         error: LeylineError | None = None
+        streamed = False
         while True:
             try:
                 req = flow.throw(error) if error is not None else flow.send(value)
             except StopIteration as stop:
-                return stop.value
+                yield stop.value
+                return
             try:
-                value, error = await self._call_async(req), None
+                if stream and req.method == "generate":
+                    async for event in self._agenerate_stream(req):
+                        if isinstance(event, GenerateResponse):
+                            value = event
+                        else:
+                            streamed = True
+                            yield event
+                else:
+                    value = await self._call_async(req)
+                error = None
             except LeylineError as exc:
+                if streamed:
+                    raise
                 value, error = None, exc
+
+    async def _agenerate_stream(self, req: _Req) -> AsyncIterator[StreamEvent]:
+        if self.async_client is not None:
+            async for event in self.async_client.generate_stream(*req.args, **req.kwargs):
+                yield event
+            return
+        # only a sync client: stream it from a worker thread
+        events = self._sync_client().generate_stream(*req.args, **req.kwargs)
+
+        def step() -> StreamEvent | None:
+            return next(events, None)
+
+        while (item := await asyncio.to_thread(step)) is not None:
+            yield item
 
     async def _call_async(self, req: _Req) -> Any:
         if self.async_client is not None:

@@ -337,6 +337,9 @@ class GenerateRequest(SamplingParams):
     parallel_tool_calls: bool = True
     response_format: dict[str, Any] | None = Field(
         default=None, description="OpenAI's response_format: json_object or json_schema")
+    stream: bool = Field(
+        default=False, description="Answer with server-sent events: `delta` events with the text as it is "
+                                   "generated, then one `done` event carrying the GenerateResponse")
 
 
 class GenerateResponse(BaseModel):

@@ -15,6 +15,7 @@ from functools import reduce
 import pytest
 from langchain_core.messages import AIMessage, HumanMessage
 from langchain_tests.integration_tests import ChatModelIntegrationTests
+from langchain_tests.integration_tests.chat_models import magic_function, unicode_customer
 from langchain_tests.unit_tests import ChatModelUnitTests
 from test_server_cli import API_KEY, server  # noqa: F401 - the real server fixture
 
@@ -46,10 +47,16 @@ class TestChatLeylineUnit(ChatModelUnitTests):
         return True
 
 
+class ModelQuality(Exception):
+    """The suite's check failed on a value only the model can get right; the guarantees held."""
+
+
+# xfail only for ModelQuality: any other failure (an AssertionError of the guarantee checks
+# below, an error) fails the test. The suite wants overridden tests marked xfail with a reason.
 MODEL_QUALITY = pytest.mark.xfail(
-    reason="model quality, not the adapter: the shipped 12.8M-parameter model writes well-formed, "
-           "schema-valid calls (the runtime's grammar) but picks wrong argument values or rambles inside "
-           "free strings until max_tokens", strict=False)
+    raises=ModelQuality, strict=False,
+    reason="model quality, not the adapter: the 12.8M default model must copy a value from the prompt "
+           "(input 3; a Chinese name); the forced call itself is checked valid first")
 
 
 @pytest.mark.slow  # ~100 generations on a real server: about 30 min on 2 busy cores
@@ -109,31 +116,49 @@ class TestChatLeylineIntegration(ChatModelIntegrationTests):
         chunks = list(model.stream(history))
         return reduce(operator.add, chunks)  # type: ignore[return-value]
 
+    # The two tests below check values the model must pick (``magic_function(3)`` -> input 3; a
+    # Chinese name copied into an argument). The runtime guarantees the rest: a forced call names
+    # the offered tool with arguments valid against its schema. When the suite's check fails, the
+    # guarantee is checked here (invoke and stream); only if it holds is the failure put down to
+    # the model (ModelQuality, the only xfail). Everything else in both suites runs unmarked.
+
     @MODEL_QUALITY
     def test_tool_calling(self, model) -> None:
-        super().test_tool_calling(model)
+        try:
+            super().test_tool_calling(model)
+        except AssertionError as exc:
+            self._forced_call_is_valid(model, magic_function, "What is the value of magic_function(3)? Use the tool.",
+                                       lambda args: isinstance(args["input"], int) and -1000 < args["input"] < 1000)
+            raise ModelQuality(f"a valid magic_function call, but not with input 3: {exc}") from exc
 
     @MODEL_QUALITY
     async def test_tool_calling_async(self, model) -> None:
-        await super().test_tool_calling_async(model)
-
-    @MODEL_QUALITY
-    @pytest.mark.parametrize("schema_type", ["pydantic", "typeddict", "json_schema"])
-    def test_structured_output(self, model, schema_type) -> None:
-        super().test_structured_output(model, schema_type)
-
-    @MODEL_QUALITY
-    @pytest.mark.parametrize("schema_type", ["pydantic", "typeddict", "json_schema"])
-    async def test_structured_output_async(self, model, schema_type) -> None:
-        await super().test_structured_output_async(model, schema_type)
-
-    @MODEL_QUALITY
-    def test_structured_output_pydantic_2_v1(self, model) -> None:
-        super().test_structured_output_pydantic_2_v1(model)
+        try:
+            await super().test_tool_calling_async(model)
+        except AssertionError as exc:
+            self._forced_call_is_valid(model, magic_function, "What is the value of magic_function(3)? Use the tool.",
+                                       lambda args: isinstance(args["input"], int) and -1000 < args["input"] < 1000)
+            raise ModelQuality(f"a valid magic_function call, but not with input 3: {exc}") from exc
 
     @MODEL_QUALITY
     def test_unicode_tool_call_integration(self, model, *, tool_choice=None, force_tool_call=True) -> None:
-        super().test_unicode_tool_call_integration(model, tool_choice=tool_choice, force_tool_call=force_tool_call)
+        try:
+            super().test_unicode_tool_call_integration(model, tool_choice=tool_choice,
+                                                       force_tool_call=force_tool_call)
+        except AssertionError as exc:
+            self._forced_call_is_valid(
+                model, unicode_customer, "Create a customer named '你好啊集团' (Hello Group)",
+                lambda args: isinstance(args["customer_name"], str) and isinstance(args["description"], str))
+            raise ModelQuality(f"a valid unicode_customer call, but not the name asked for: {exc}") from exc
+
+    @staticmethod
+    def _forced_call_is_valid(model: ChatLeyline, tool, prompt: str, args_ok) -> None:
+        bound = model.bind_tools([tool], tool_choice="any")
+        streamed = reduce(operator.add, bound.stream(prompt))
+        for message in (bound.invoke(prompt), streamed):
+            assert isinstance(message, AIMessage) and not message.invalid_tool_calls
+            assert [c["name"] for c in message.tool_calls] == [tool.name]
+            assert message.tool_calls[0]["id"] and args_ok(message.tool_calls[0]["args"])
 
     @property
     def supported_usage_metadata_details(self) -> dict:

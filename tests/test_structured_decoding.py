@@ -159,3 +159,59 @@ def test_parse_on_token_ids(client):
     stopped = tpl.parse_assistant_tokens(tok.encode("one two STOP three"), tok.decode, tok.tool_call_id,
                                          tok.end_tool_call_id, stop="STOP")
     assert stopped.content == "one two "
+
+
+# Free strings without a length limit: a small model at temperature 1 rarely closes them by itself.
+JOKE = {"type": "object", "required": ["setup", "punchline"], "title": "Joke",
+        "properties": {"setup": {"type": "string"}, "punchline": {"type": "string"},
+                       "tags": {"type": "array", "items": {"type": "string"}}}}
+JOKE_TOOL = {"type": "function", "function": {"name": "joke", "parameters": JOKE}}
+
+
+def budget_replies(client, budget: int, seeds: range) -> list[tuple[str, dict]]:
+    """(finish_reason, the JSON text of the reply) for a json_schema reply and a required call per seed."""
+    fmt = {"type": "json_schema", "json_schema": {"name": "joke", "schema": JOKE}}
+    out = []
+    for seed in seeds:
+        for extra in ({"response_format": fmt}, {"tools": [JOKE_TOOL], "tool_choice": "required"}):
+            choice = complete(client, messages=[user("Tell me a joke about cats.")], max_tokens=budget,
+                              seed=seed, **extra)["choices"][0]
+            calls = choice["message"]["tool_calls"] or []
+            out.append((choice["finish_reason"], calls[0]["function"]["arguments"] if calls
+                        else choice["message"]["content"] or ""))
+    return out
+
+
+def test_structured_replies_are_closed_before_the_budget_ends(client):
+    validator = jsonschema_rs.validator_for(JOKE)
+    for budget in (40, 64):
+        replies = budget_replies(client, budget, range(6))
+        for finish, text in replies:
+            validator.validate(json.loads(text))  # parses and matches, however the budget ended
+            assert finish in ("stop", "tool_calls", "length")
+        assert any(finish == "length" for finish, _ in replies)  # the budget did run out: closed, not cut
+
+
+def test_without_closing_the_same_replies_are_cut(client, monkeypatch):
+    """Negative control: the grammar without the budget leaves half a JSON value."""
+    original = GrammarCompiler.processor
+    monkeypatch.setattr(GrammarCompiler, "processor", lambda self, grammar, max_tokens=None: original(self, grammar))
+    broken = 0
+    for _, text in budget_replies(client, 40, range(6)):
+        try:
+            json.loads(text)
+        except json.JSONDecodeError:
+            broken += 1
+    assert broken > 0
+
+
+def test_evaluate_constrained_decodes_with_the_grammar(capsys):
+    """``leyline-runtime evaluate --constrained``: every attempted call is well-formed (by construction)."""
+    from leyline_training.evaluate import main
+
+    with torch_threads(1):
+        result = main(["--tasks", "2", "--ppl-transcripts", "0", "--max-turns", "3", "--max-tokens", "48",
+                       "--constrained"])
+    agent = result["agent"]
+    assert result["constrained"] is True and agent["tool_calls_attempted"] > 0
+    assert agent["tool_calls_well_formed"] == agent["tool_calls_attempted"]

@@ -7,7 +7,10 @@ the processors the chat route would build:
 * ``free``: no processor (the native route without constraints);
 * ``no_tools``: the control-token mask (a chat request without tools);
 * ``tools_required``: the llguidance grammar for three tools, ``tool_choice=required``;
-* ``json_schema``: the grammar for a ``response_format`` JSON schema.
+* ``json_schema``: the grammar for a ``response_format`` JSON schema;
+* ``json_schema_closing``: the same, knowing the budget (as the chat route builds it): within
+  the budget's last 64 tokens it runs the closing walk every 4 tokens, and closes the reply
+  in time to parse. With ``--tokens`` 64 that is the whole generation: the worst case.
 
 Per token it reports the wall time of a whole decode step and, separately, the
 time spent inside the processors (mask + advance), plus grammar compile times
@@ -50,7 +53,10 @@ ARMS: dict[str, dict[str, Any] | None] = {
     "no_tools": {},
     "tools_required": {"tools": TOOLS, "tool_choice": "required"},
     "json_schema": {"response_format": {"type": "json_schema", "json_schema": {"name": "r", "schema": SCHEMA}}},
+    "json_schema_closing": {"response_format": {"type": "json_schema",
+                                                "json_schema": {"name": "r", "schema": SCHEMA}}},
 }
+BUDGETED = {"json_schema_closing"}  # arms whose grammar knows max_tokens
 PROMPT = [Message(role="system", content="You are a helpful agent."),
           Message(role="user", content="Fly me from Oslo to Rome, two seats, and tell me the answer.")]
 
@@ -91,7 +97,7 @@ def run(args, log=print) -> dict:
     for r in range(args.rounds):
         order = list(ARMS)[r % len(ARMS):] + list(ARMS)[:r % len(ARMS)]
         for arm in order:
-            step, spent, n = _generate(runtime, compiler, plans[arm], args.tokens, seed=r)
+            step, spent, n = _generate(runtime, compiler, plans[arm], args.tokens, seed=r, budgeted=arm in BUDGETED)
             stats[arm]["step"].append(step)
             stats[arm]["processor"].append(sum(spent) / max(n, 1))
             stats[arm]["tokens"].append(n)
@@ -116,11 +122,12 @@ def run(args, log=print) -> dict:
 
 
 def _generate(runtime: Runtime, compiler: GrammarCompiler, plan, tokens: int,
-              seed: int) -> tuple[float, list[float], int]:
+              seed: int, budgeted: bool = False) -> tuple[float, list[float], int]:
     sid = f"bench-grammar-{seed}"
     runtime.create_session(SessionCreate(session_id=sid, messages=PROMPT))
     spent: list[float] = []
-    processors = None if plan is None else [_Timed(p, spent) for p in plan.processors(compiler)]
+    budget = tokens if budgeted else None
+    processors = None if plan is None else [_Timed(p, spent) for p in plan.processors(compiler, budget)]
     request = GenerateRequest(max_tokens=tokens, temperature=1.0, seed=seed)
     try:
         t0 = time.perf_counter()

@@ -21,7 +21,7 @@ from typing import Any
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.language_models import BaseChatModel, LanguageModelInput
-from langchain_core.messages import AIMessage, BaseMessage
+from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 from langchain_core.runnables import Runnable
 from langchain_core.tools import BaseTool
@@ -205,24 +205,31 @@ class ChatLeyline(BaseChatModel):
                                                **sampling)
         return self._result(thread, response)
 
-    # The session-native generate path does not stream: one chunk with the whole message.
+    # Streaming: the session's generate streams its text as server-sent events; the tool
+    # calls, usage and metadata come with the last chunk, when the reply is parsed.
 
     def _stream(self, messages: list[BaseMessage], stop: list[str] | None = None,
                 run_manager: CallbackManagerForLLMRun | None = None, **kwargs: Any
                 ) -> Iterator[ChatGenerationChunk]:
         thread, view, sampling = self._prepare(messages, stop, kwargs)
-        response = self.memory.generate(thread, view, message_id=self._message_id(run_manager), **sampling)
-        yield self._chunk(thread, response)
+        message_id = self._message_id(run_manager)
+        for event in self.memory.generate_stream(thread, view, message_id=message_id, **sampling):
+            yield self._delta(event, message_id) if isinstance(event, str) else self._chunk(thread, event)
 
     async def _astream(self, messages: list[BaseMessage], stop: list[str] | None = None,
                        run_manager: AsyncCallbackManagerForLLMRun | None = None, **kwargs: Any
                        ) -> AsyncIterator[ChatGenerationChunk]:
         thread, view, sampling = self._prepare(messages, stop, kwargs)
-        response = await self.memory.agenerate(thread, view, message_id=self._message_id(run_manager),
-                                               **sampling)
-        yield self._chunk(thread, response)
+        message_id = self._message_id(run_manager)
+        async for event in self.memory.agenerate_stream(thread, view, message_id=message_id, **sampling):
+            yield self._delta(event, message_id) if isinstance(event, str) else self._chunk(thread, event)
+
+    @staticmethod
+    def _delta(text: str, message_id: str) -> ChatGenerationChunk:
+        return ChatGenerationChunk(message=AIMessageChunk(content=text, id=message_id))
 
     def _chunk(self, thread: str, response: GenerateResponse) -> ChatGenerationChunk:
+        """The last chunk: the text was streamed already; calls, usage and metadata."""
         return ChatGenerationChunk(
-            message=from_leyline_chunk(response.message, **self._fields(thread, response)),
+            message=from_leyline_chunk(response.message, content="", **self._fields(thread, response)),
             generation_info={"finish_reason": response.finish_reason})

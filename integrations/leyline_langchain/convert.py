@@ -163,11 +163,12 @@ def from_leyline(message: Message, **fields: Any) -> BaseMessage:
 
 
 def from_leyline_chunk(message: Message, **fields: Any) -> AIMessageChunk:
-    """The generated assistant message as one final stream chunk."""
+    """The generated assistant message as the final stream chunk (``content=""`` in ``fields``
+    when its text was streamed before)."""
     chunks = [tool_call_chunk(name=c.function.name, args=c.function.arguments, id=c.id, index=i)
               for i, c in enumerate(message.tool_calls or [])]
-    return AIMessageChunk(content=message.content, id=message.id, tool_call_chunks=chunks,
-                          chunk_position="last", **fields)
+    return AIMessageChunk(**{"content": message.content, **fields}, id=message.id, tool_call_chunks=chunks,
+                          chunk_position="last")
 
 
 def _json_object(text: str) -> dict[str, Any] | None:

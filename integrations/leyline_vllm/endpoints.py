@@ -22,7 +22,7 @@ import uuid
 from typing import Any, Literal
 
 from fastapi import APIRouter, FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -32,6 +32,7 @@ from leyline_sdk.protocol import (
     AppendRequest,
     DirectiveBatch,
     GenerateRequest,
+    GenerateResponse,
     Message,
     Mode,
     SessionCreate,
@@ -77,6 +78,13 @@ class BoundChatRequest(BaseModel):
 
 def _error(exc: LeylineError) -> JSONResponse:
     return JSONResponse(exc.to_body(), status_code=exc.status_code or 500)
+
+
+def _events_in_one_piece(response: GenerateResponse) -> list[str]:
+    """A streamed generate's events (``delta``, then ``done``), sent once the reply is whole."""
+    events = [{"type": "delta", "content": response.message.content}] if response.message.content else []
+    events.append({"type": "done", "response": response.model_dump(mode="json")})
+    return [f"data: {json.dumps(e, ensure_ascii=False)}\n\n" for e in events]
 
 
 def _parse(model: type[BaseModel], raw: Any) -> Any:
@@ -157,6 +165,8 @@ def build_router(original_chat: APIRoute | None) -> APIRouter:
     async def generate(request: Request, session_id: str):
         body = _parse(GenerateRequest, await _body(request) or {})
         response, _ = await _service(request).generate(_check_id(session_id), body)
+        if body.stream:  # the runtime's event stream, in one piece: this plugin does not stream tokens
+            return StreamingResponse(iter(_events_in_one_piece(response)), media_type="text/event-stream")
         return response.model_dump(mode="json")
 
     @router.post("/directives", tags=["directives"], summary="Apply one atomic batch of directives to a session")

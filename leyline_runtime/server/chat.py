@@ -123,7 +123,7 @@ class ChatService:
         info = self.runtime.create_session(SessionCreate(session_id=sid, messages=messages), tenant)
         try:
             gen = self.runtime.generate(sid, generate_request(request), tenant, on_token=on_token,
-                                        processors=decoding.processors(self.grammars))
+                                        processors=decoding.processors(self.grammars, generate_request(request).max_tokens))
         finally:
             with suppress(SessionNotFound):
                 self.runtime.delete_session(sid, tenant)
@@ -155,7 +155,7 @@ class ChatService:
             version, outcomes = result.version, result.outcomes
         gen = self.runtime.generate(sid, generate_request(request, messages=tail, expected_version=version),
                                     tenant, on_token=on_token,
-                                    processors=decoding.processors(self.grammars))
+                                    processors=decoding.processors(self.grammars, generate_request(request).max_tokens))
         recomputed = sum(o.recomputed_tokens for o in outcomes)
         return ChatTurn(gen, sid, recomputed + gen.usage.prefill_tokens, directives_applied=len(directives),
                         outcomes=outcomes, appended=len(tail), first_version=first_version)
@@ -171,7 +171,7 @@ class ChatService:
         try:
             gen = self.runtime.generate(sid, generate_request(request, expected_version=info.version), tenant,
                                         on_token=on_token,
-                                        processors=decoding.processors(self.grammars))
+                                        processors=decoding.processors(self.grammars, generate_request(request).max_tokens))
         except BaseException:
             with suppress(SessionNotFound):  # it did not exist before this request
                 self.runtime.delete_session(sid, tenant)

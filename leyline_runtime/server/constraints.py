@@ -55,14 +55,15 @@ class Decoding:
     presence: float = 0.0
     frequency: float = 0.0
 
-    def processors(self, compiler: GrammarCompiler) -> list[LogitsProcessor]:
+    def processors(self, compiler: GrammarCompiler, max_tokens: int | None = None) -> list[LogitsProcessor]:
+        """``max_tokens``: the reply's budget, so that a structured reply is closed in time to parse."""
         out: list[LogitsProcessor] = []
         if self.presence or self.frequency:
             out.append(Penalties(self.presence, self.frequency))
         if self.bias:
             out.append(LogitBias(self.bias))
         if self.grammar is not None:
-            out.append(compiler.processor(self.grammar))
+            out.append(compiler.processor(self.grammar, max_tokens))
         elif self.banned:
             out.append(TokenMask(self.banned))
         return out
@@ -207,4 +208,4 @@ def native_processors(body: GenerateRequest, tokenizer: ChatTokenizer,
         raise ValidationFailed(describe_validation(exc.errors())) from exc
     except OpenAIError as exc:
         raise ValidationFailed(exc.message) from exc
-    return decoding.processors(compiler)
+    return decoding.processors(compiler, body.max_tokens)

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Depends, Path, Query, Request, Response
+from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from leyline_sdk.errors import RequestTooLarge
@@ -39,6 +40,8 @@ from .constraints import native_processors
 from .errors import error_responses
 from .json_body import OrjsonRoute
 from .limits import check_messages, check_text
+from .sse import stream_generate
+from .streaming import DeltaDecoder
 
 T = TypeVar("T")
 router = APIRouter(tags=["sessions"], route_class=OrjsonRoute)
@@ -116,17 +119,32 @@ async def append_messages(body: AppendRequest, session_id: SessionId, request: R
                             body.expected_version)
 
 
+_STREAM_DOC = {"text/event-stream": {"schema": {"type": "string"}, "example": (
+    'data: {"type": "delta", "content": "Hel"}\n\ndata: {"type": "delta", "content": "lo"}\n\n'
+    'data: {"type": "done", "response": {"session_id": "s1", "message": {...}, ...}}\n\n')}}
+
+
 @router.post("/sessions/{session_id}/generate", response_model=GenerateResponse,
-             responses=error_responses(404, 409, *BODY_ERRORS),
+             responses={200: {"content": _STREAM_DOC, "description": "The generated message, or with `stream` "
+                              "an SSE stream: `delta` events with text, then one `done` event with the "
+                              "GenerateResponse (or an `error` event)"},
+                        **error_responses(404, 409, *BODY_ERRORS)},
              summary="Optionally append messages, then generate an assistant message (appended too)")
 async def generate(body: GenerateRequest, session_id: SessionId, request: Request, runtime: RuntimeDep,
-                   metrics: MetricsDep, tenant: Tenant) -> GenerateResponse:
+                   metrics: MetricsDep, tenant: Tenant) -> GenerateResponse | StreamingResponse:
     check_limits(request, body.messages)
     processors = native_processors(body, runtime.tokenizer, request.app.state.chat.grammars)
-    result = await on_session(request, tenant, session_id, runtime.generate, session_id, body, tenant, None,
-                              processors)
-    metrics.observe_generation("generate", result.finish_reason, result.usage.completion_tokens, tenant)
-    return result
+    locks = request.app.state.chat.session_locks
+
+    def run(on_token: Callable[[int], None] | None = None) -> GenerateResponse:  # in a worker thread
+        with locks.hold((tenant, session_id)):
+            result = runtime.generate(session_id, body, tenant, on_token, processors)
+        metrics.observe_generation("generate", result.finish_reason, result.usage.completion_tokens, tenant)
+        return result
+
+    if body.stream:
+        return await stream_generate(run, DeltaDecoder(runtime.tokenizer, body.stop_strings()))
+    return await run_in_threadpool(run)
 
 
 @router.post("/directives", response_model=DirectiveResult, tags=["directives"],

@@ -1,24 +1,33 @@
-"""Server-sent events for a streaming chat completion.
+"""Server-sent events for a generation that streams: chat completions and native generate.
 
-The chat turn runs in a worker thread; the engine's ``on_token`` hook turns
+The generation runs in a worker thread; the engine's ``on_token`` hook turns
 each sampled token into safe text there (tokenizer work stays off the event
 loop) and hands it to the event loop through a queue. The response only
 starts once the first token (or an error) is in: an error before any token
 (unknown session, version conflict, cache too small) is an ordinary HTTP
 error, not a 200 stream. An error after that is sent as an event. When the
 client goes away the next token aborts the generation.
+
+What the events look like is the stream's :class:`StreamShape`: OpenAI's
+chunks for ``/v1/chat/completions`` (:class:`ChatShape`), Leyline's own
+``delta``/``done``/``error`` events for ``/sessions/{id}/generate``
+(:class:`GenerateShape`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import threading
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
+
+from leyline_sdk.errors import LeylineError
+from leyline_sdk.protocol import GenerateResponse
 
 from . import completion as out
 from .chat import ChatTurn, OnToken
@@ -26,11 +35,25 @@ from .completion import CompletionIds
 from .openai_errors import error_body
 from .streaming import DeltaDecoder
 
-Item = tuple[str, Any]  # ("delta", text) | ("done", ChatTurn) | ("error", exception)
+log = logging.getLogger("leyline.server")
+
+R = TypeVar("R")
+Item = tuple[str, Any]  # ("delta", text) | ("done", result) | ("error", exception)
 
 
 class GenerationCancelled(Exception):
     """The streaming client disconnected."""
+
+
+class StreamShape(Protocol[R]):
+    """How one kind of stream writes its events (``terminator``: a last ``data:`` line, if any)."""
+
+    terminator: str | None
+
+    def opening(self) -> list[dict[str, Any]]: ...
+    def delta(self, text: str) -> dict[str, Any]: ...
+    def closing(self, result: R, rest: str) -> list[dict[str, Any]]: ...
+    def error(self, exc: Exception) -> dict[str, Any]: ...
 
 
 def sse(body: dict[str, Any] | str) -> str:
@@ -38,8 +61,9 @@ def sse(body: dict[str, Any] | str) -> str:
     return f"data: {data}\n\n"
 
 
-async def stream_chat(run: Callable[[OnToken], ChatTurn], decoder: DeltaDecoder, ids: CompletionIds,
-                      include_usage: bool) -> StreamingResponse:
+async def stream_tokens(run: Callable[[OnToken], R], decoder: DeltaDecoder, shape: StreamShape[R],
+                        final_content: Callable[[R], str]) -> StreamingResponse:
+    """Run ``run(on_token)`` in a worker thread and stream its text as ``shape``'s events."""
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue[Item] = asyncio.Queue()
     cancel = threading.Event()
@@ -63,40 +87,96 @@ async def stream_chat(run: Callable[[OnToken], ChatTurn], decoder: DeltaDecoder,
         raise
     if first[0] == "error":
         raise first[1]
-    events = _events(first, queue, task, cancel, decoder, ids, include_usage)
+    events = _events(first, queue, task, cancel, decoder, shape, final_content)
     return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
 
 async def _events(first: Item, queue: asyncio.Queue[Item], task: asyncio.Task, cancel: threading.Event,
-                  decoder: DeltaDecoder, ids: CompletionIds, include_usage: bool) -> AsyncIterator[str]:
+                  decoder: DeltaDecoder, shape: StreamShape[R], final_content: Callable[[R], str]
+                  ) -> AsyncIterator[str]:
     # ``task`` is only held here: the loop keeps weak references to tasks.
     try:
-        yield sse(out.chunk(ids, {"role": "assistant", "content": ""}))
+        for body in shape.opening():
+            yield sse(body)
         item = first
         while item[0] == "delta":
             if item[1]:
-                yield sse(out.chunk(ids, {"content": item[1]}))
+                yield sse(shape.delta(item[1]))
             item = await queue.get()
         if item[0] == "error":
-            yield sse(error_body(item[1])[1])
+            yield sse(shape.error(item[1]))
         else:
-            for body in _closing_chunks(item[1], decoder, ids, include_usage):
+            for body in shape.closing(item[1], decoder.finish(final_content(item[1]))):
                 yield sse(body)
-        yield sse("[DONE]")
+        if shape.terminator is not None:
+            yield sse(shape.terminator)
     finally:
-        cancel.set()  # no-op once the turn is over; otherwise stops the generation
+        cancel.set()  # no-op once the generation is over; otherwise stops it
 
 
-def _closing_chunks(turn: ChatTurn, decoder: DeltaDecoder, ids: CompletionIds,
-                    include_usage: bool) -> list[dict[str, Any]]:
-    chunks = []
-    rest = decoder.finish(turn.response.message.content)
-    if rest:
-        chunks.append(out.chunk(ids, {"content": rest}))
-    calls = out.tool_call_chunk(turn, ids)
-    if calls:
-        chunks.append(calls)
-    chunks.append(out.final_chunk(turn, ids))
-    if include_usage:
-        chunks.append(out.usage_chunk(turn, ids))
-    return chunks
+# --- the two shapes ------------------------------------------------------------------------
+
+
+class ChatShape:
+    """OpenAI's ``chat.completion.chunk`` events, then ``[DONE]``."""
+
+    terminator = "[DONE]"
+
+    def __init__(self, ids: CompletionIds, include_usage: bool):
+        self.ids, self.include_usage = ids, include_usage
+
+    def opening(self) -> list[dict[str, Any]]:
+        return [out.chunk(self.ids, {"role": "assistant", "content": ""})]
+
+    def delta(self, text: str) -> dict[str, Any]:
+        return out.chunk(self.ids, {"content": text})
+
+    def closing(self, turn: ChatTurn, rest: str) -> list[dict[str, Any]]:
+        chunks = [out.chunk(self.ids, {"content": rest})] if rest else []
+        calls = out.tool_call_chunk(turn, self.ids)
+        if calls:
+            chunks.append(calls)
+        chunks.append(out.final_chunk(turn, self.ids))
+        if self.include_usage:
+            chunks.append(out.usage_chunk(turn, self.ids))
+        return chunks
+
+    def error(self, exc: Exception) -> dict[str, Any]:
+        return error_body(exc)[1]
+
+
+class GenerateShape:
+    """Leyline's events: ``{"type": "delta", "content"}`` while text comes, then one
+    ``{"type": "done", "response": GenerateResponse}`` (tool calls, usage, version), or
+    ``{"type": "error", "error": {"code", "message"}}``. The deltas concatenate to the
+    final message's content."""
+
+    terminator = None
+
+    def opening(self) -> list[dict[str, Any]]:
+        return []
+
+    def delta(self, text: str) -> dict[str, Any]:
+        return {"type": "delta", "content": text}
+
+    def closing(self, response: GenerateResponse, rest: str) -> list[dict[str, Any]]:
+        done = {"type": "done", "response": response.model_dump(mode="json")}
+        return [self.delta(rest), done] if rest else [done]
+
+    def error(self, exc: Exception) -> dict[str, Any]:
+        if isinstance(exc, LeylineError):
+            body = exc.to_body()
+        else:
+            log.error("unhandled error while streaming a generation", exc_info=exc)
+            body = {"error": {"code": "internal_error", "message": "internal error"}}
+        return {"type": "error", **body}
+
+
+async def stream_chat(run: Callable[[OnToken], ChatTurn], decoder: DeltaDecoder, ids: CompletionIds,
+                      include_usage: bool) -> StreamingResponse:
+    return await stream_tokens(run, decoder, ChatShape(ids, include_usage),
+                               lambda turn: turn.response.message.content)
+
+
+async def stream_generate(run: Callable[[OnToken], GenerateResponse], decoder: DeltaDecoder) -> StreamingResponse:
+    return await stream_tokens(run, decoder, GenerateShape(), lambda response: response.message.content)
