@@ -153,8 +153,9 @@ def test_transcript_shapes(transcripts):
     assert any(len(m.content.splitlines()) >= 30 for tr in transcripts for m in tr.messages if m.role == "tool")
     assert any(len(tr.tasks) > 1 for tr in transcripts)
     assert all(tpl.render_tools(tr.task.tools) in tr.messages[0].content for tr in transcripts)
-    # some start the way API requests do: the tools message, then the caller's system prompt
-    api = [tr for tr in transcripts if tr.messages[1].role == "system"]
+    assert not any(tr.messages[1].role == "system" for tr in transcripts)  # the shipped recipe's layout
+    # with --api-share, some start the way API requests do: the tools message, then the system prompt
+    api = [tr for s in SEEDS if (tr := make_transcript(s, "train", api_share=0.5)).messages[1].role == "system"]
     assert api and all(tr.messages[0].content.startswith(tpl.render_tools(tr.task.tools)) for tr in api)
 
 
@@ -322,6 +323,7 @@ def test_drills_answers_are_copies_of_the_context():
 def test_packer_mixes_drills_in_by_share(tok):
     plain = Packer(tok, seed=5, transcript_share=0.95, drill_share=0.0).shard(0, 1024)
     drilled = Packer(tok, seed=5, transcript_share=0.95, drill_share=0.5).shard(0, 1024)
+    assert np.array_equal(plain.tokens, Packer(tok, seed=5, transcript_share=0.95).shard(0, 1024).tokens)
     again = Packer(tok, seed=5, transcript_share=0.95, drill_share=0.5).shard(0, 1024)
     assert np.array_equal(drilled.tokens, again.tokens)
     # drills are short and all-answer: more conversations, a larger share of assistant tokens

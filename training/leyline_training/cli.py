@@ -14,6 +14,15 @@ EVALUATE_HELP = ("held-out perplexity (vs the seeded random model) and agent-loo
                  "synthetic tasks through the runtime")
 
 
+def add_layout_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--order-share", type=float, default=0.0,
+                    help="fraction of the tasks that are 'order' tasks (read a config and a price list, compute "
+                         "a total: examples/langgraph_agent.py's kind of task); 0 reproduces the shipped model's data")
+    ap.add_argument("--api-share", type=float, default=0.0,
+                    help="fraction of the other tasks whose prompt starts the way API requests do (tools message, "
+                         "then the system prompt); 0 reproduces the shipped model's data")
+
+
 def add_train_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--out", required=True, help="run folder (checkpoint.pt, model/)")
     ap.add_argument("--minutes", type=float, default=70.0, help="time budget; the LR decays to it")
@@ -34,6 +43,7 @@ def add_train_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--transcript-share", type=float, default=0.7, help="transcript fraction of the tokens")
     ap.add_argument("--drill-share", type=float, default=0.0,
                     help="fraction of the conversations that are copy/recall drills instead of agent tasks")
+    add_layout_arguments(ap)
     ap.add_argument("--curriculum", default="1024:0.4",
                     help="shorter rows first: LEN:FRACTION[,...] of the budget, then --seq-len ('' = none)")
     ap.add_argument("--seed", type=int, default=0)
@@ -54,6 +64,7 @@ def add_evaluate_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--tasks", type=int, default=200, help="held-out tasks for the agent loop (0: skip)")
     ap.add_argument("--start", type=int, default=0, help="first test seed")
     ap.add_argument("--max-turns", type=int, default=8)
+    add_layout_arguments(ap)
     ap.add_argument("--max-tokens", type=int, default=256, help="per assistant turn")
     ap.add_argument("--ppl-transcripts", type=int, default=64, help="test transcripts for perplexity (0: skip)")
     ap.add_argument("--threads", type=int, default=None)

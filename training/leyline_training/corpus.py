@@ -162,8 +162,10 @@ class Packer:
     """Deterministic shards of packed rows (``seq_len + 1`` tokens: inputs + shifted targets)."""
 
     def __init__(self, tok: ChatTokenizer, *, seed: int = 0, rows_per_shard: int = 64,
-                 transcript_share: float = 0.7, split: str = "train", drill_share: float = 0.0):
+                 transcript_share: float = 0.7, split: str = "train", drill_share: float = 0.0,
+                 order_share: float = 0.0, api_share: float = 0.0):
         self.tok = tok
+        self.layout = {"order_share": order_share, "api_share": api_share}  # see transcripts.RECIPE_*
         self.drill_share = drill_share  # of the conversations: copy/recall drills (.drills) instead of tasks
         self.seed = seed
         self.rows_per_shard = rows_per_shard
@@ -190,7 +192,8 @@ class Packer:
                 seed = self.seed * 1_000_000_000 + index * SEED_STRIDE + j
                 j += 1
                 drill = self.drill_share and random.Random(f"pick:{seed}").random() < self.drill_share
-                messages = make_drill(seed, self.split) if drill else make_transcript(seed, self.split).messages
+                messages = (make_drill(seed, self.split) if drill
+                            else make_transcript(seed, self.split, **self.layout).messages)
                 ids, cls = transcript_tokens(tok, messages)
                 ids, cls = ids + [self.eot], cls + [CLS_CONTEXT]
                 if len(ids) <= width:

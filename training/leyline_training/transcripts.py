@@ -49,8 +49,10 @@ def api_head(tools: list[dict], prompt: str) -> list[Message]:
     return [head.model_copy(update={"id": None}), Message(role="system", content=prompt)]
 
 
-API_FORMAT_SHARE = 0.3  # transcripts that start the way API requests do (see :func:`api_head`)
-ORDER_SHARE = 0.12  # transcripts that are "order" tasks (the LangGraph example's kind of task)
+# Opt-in mixture knobs (``train``/``evaluate`` --order-share / --api-share). At 0 every transcript is
+# what it was before they existed, so the shipped model's recipe and numbers still reproduce.
+RECIPE_ORDER_SHARE = 0.12  # of the transcripts: "order" tasks (the LangGraph example's kind of task)
+RECIPE_API_SHARE = 0.3  # of the others: starting the way API requests do (see :func:`api_head`)
 
 
 def _needle(s: str) -> re.Pattern:
@@ -669,7 +671,8 @@ def _chars(messages: list[Message]) -> int:
                for m in messages)
 
 
-def make_transcript(seed: int, split: str = "train", kind: str | None = None) -> Transcript:
+def make_transcript(seed: int, split: str = "train", kind: str | None = None, *, order_share: float = 0.0,
+                    api_share: float = 0.0) -> Transcript:
     """One task and its worked solution; a pure function of ``(seed, split, kind)``.
 
     About a third of the transcripts go on with one or two follow-up tasks in
@@ -681,9 +684,9 @@ def make_transcript(seed: int, split: str = "train", kind: str | None = None) ->
     world = make_world(str(seed), split)
     # A separate stream, so adding these choices left every other transcript as it was.
     layout = random.Random(f"layout:{split}:{seed}")
-    if kind == "order" or (kind is None and layout.random() < ORDER_SHARE):
+    if kind == "order" or (kind is None and layout.random() < order_share):
         return _order_transcript(rng, world, split, seed)
-    api = layout.random() < API_FORMAT_SHARE
+    api = layout.random() < api_share
     messages = api_head(TOOLS, SYSTEM_PROMPT) if api else [system_message()]
     play = _Play(world, rng, messages)
     tasks: list[Task] = []
@@ -706,7 +709,8 @@ def make_transcript(seed: int, split: str = "train", kind: str | None = None) ->
     return Transcript(tasks=tasks, messages=play.messages)
 
 
-def make_task(seed: int, split: str = "test", kind: str | None = None) -> Task:
-    return make_transcript(seed, split, kind).task
+def make_task(seed: int, split: str = "test", kind: str | None = None, *, order_share: float = 0.0,
+              api_share: float = 0.0) -> Task:
+    return make_transcript(seed, split, kind, order_share=order_share, api_share=api_share).task
 
 
