@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import asyncio
 
-import pytest
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.messages import AIMessage, HumanMessage
-from test_integration_support import async_client, new_app, sync_client
-from test_server_support import torch_threads
+from test_integration_support import (  # app, client: fixtures
+    app,
+    async_client,
+    client,
+)
 
 from leyline_langchain import ChatLeyline
 from leyline_sdk import LeylineMemory
@@ -24,19 +26,6 @@ LOOKUP = {"type": "function", "function": {
     "name": "lookup", "description": "Look a key up",
     "parameters": {"type": "object", "properties": {"key": {"type": "string", "maxLength": 8}},
                    "required": ["key"]}}}
-
-
-@pytest.fixture(scope="module")
-def app():
-    with torch_threads(1):
-        yield new_app()
-
-
-@pytest.fixture()
-def client(app):
-    c, http = sync_client(app)
-    with http:
-        yield c
 
 
 def test_constructor_arguments_reach_the_clients():

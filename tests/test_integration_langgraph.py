@@ -18,18 +18,20 @@ from langchain_core.messages import AIMessage, AIMessageChunk, HumanMessage, Rem
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
-from test_integration_support import (
+from test_integration_support import (  # app, client: fixtures
     AsyncSessionChecker,
     ScriptedToolCalls,
     SessionChecker,
+    app,
     assert_same,
     async_client,
     calculator,
+    client,
     lookup,
     new_app,
     sync_client,
 )
-from test_server_support import torch_threads
+
 
 from leyline_langchain import ChatLeyline, LeylineMiddleware
 from leyline_langchain import create_agent as leyline_create_agent
@@ -41,19 +43,6 @@ PLAN = [
     ("lookup", {"key": "listing"}),  # long output
     ("calculator", {"expression": "8080 + 17"}),
 ]
-
-
-@pytest.fixture(scope="module")
-def app():
-    with torch_threads(1):
-        yield new_app()
-
-
-@pytest.fixture()
-def client(app):
-    c, http = sync_client(app)
-    with http:
-        yield c
 
 
 def fetcher(client, memory, thread):

@@ -4,26 +4,18 @@ from __future__ import annotations
 
 import asyncio
 
-import pytest
-from test_integration_support import assert_same, async_client, new_app, sync_client
-from test_server_support import torch_threads
+from test_integration_support import (  # app, client: fixtures
+    app,
+    assert_same,
+    async_client,
+    client,
+    new_app,
+    sync_client,
+)
 
 from leyline_sdk import FunctionCall, LeylineMemory, Message, ToolCall, force_mode
 
 GEN = {"max_tokens": 3, "temperature": 0.0}
-
-
-@pytest.fixture(scope="module")
-def app():
-    with torch_threads(1):
-        yield new_app()
-
-
-@pytest.fixture()
-def client(app):
-    c, http = sync_client(app)
-    with http:
-        yield c
 
 
 def call(cid: str, name: str, args: str) -> ToolCall:

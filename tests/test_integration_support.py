@@ -12,12 +12,13 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import httpx
+import pytest
 from langchain.agents.middleware import AgentMiddleware
 from langchain_core.callbacks import AsyncCallbackHandler, BaseCallbackHandler
 from langchain_core.messages import AIMessage, BaseMessage
 from langchain_core.tools import tool
 from starlette.testclient import TestClient
-from test_server_support import make_runtime
+from test_server_support import make_runtime, torch_threads
 
 from leyline_langchain import repair_orphans, to_leyline_messages
 from leyline_runtime import chat_template as tpl
@@ -36,6 +37,21 @@ def sync_client(app) -> tuple[LeylineClient, TestClient]:
 
 def async_client(app) -> AsyncLeylineClient:
     return AsyncLeylineClient("http://testserver", transport=httpx.ASGITransport(app=app))
+
+
+# The in-process runtime app (one torch thread) that each integration module shares, and a
+# sync client over it; modules import both fixtures by name.
+@pytest.fixture(scope="module")
+def app():
+    with torch_threads(1):
+        yield new_app()
+
+
+@pytest.fixture()
+def client(app):
+    c, http = sync_client(app)
+    with http:
+        yield c
 
 
 @tool

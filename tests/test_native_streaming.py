@@ -14,8 +14,12 @@ import json
 
 import pytest
 from langchain_core.messages import AIMessageChunk, HumanMessage
-from test_integration_support import async_client, new_app, sync_client
-from test_server_support import torch_threads
+from test_integration_support import (  # app, client: fixtures
+    app,
+    async_client,
+    client,
+    sync_client,
+)
 
 from leyline_langchain import ChatLeyline
 from leyline_sdk import LeylineMemory, Message
@@ -27,19 +31,6 @@ WEATHER = {"type": "function", "function": {
     "name": "weather", "description": "Weather for a city",
     "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}},
                    "required": ["city"]}}}
-
-
-@pytest.fixture(scope="module")
-def app():
-    with torch_threads(1):
-        yield new_app()
-
-
-@pytest.fixture()
-def client(app):
-    c, http = sync_client(app)
-    with http:
-        yield c
 
 
 def split(events: list) -> tuple[list[str], GenerateResponse]:
