@@ -329,3 +329,24 @@ def test_packer_mixes_drills_in_by_share(tok):
     # drills are short and all-answer: more conversations, a larger share of assistant tokens
     assert drilled.transcripts > plain.transcripts
     assert (drilled.classes == CLS_ASSISTANT).mean() > (plain.classes == CLS_ASSISTANT).mean()
+
+
+def test_train_init_from_starts_at_those_weights_and_saves_bf16(tmp_path):
+    import torch
+    from safetensors import safe_open
+
+    from leyline_runtime.model import load_model, seeded_model
+    from leyline_runtime.model.default import DEFAULT_MODEL_DIR
+    from leyline_training.train import train
+
+    summary = train(tmp_path / "run", init_from=DEFAULT_MODEL_DIR, max_steps=1, seq_len=1024, lr=1e-9,
+                    warmup_steps=1, eval_transcripts=0, rows_per_shard=2, log=lambda *_: None)
+    assert summary["steps"] == 1 and summary["init_from"] == str(DEFAULT_MODEL_DIR)
+    with safe_open(str(tmp_path / "run" / "model" / "model.safetensors"), framework="pt") as f:
+        assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.bfloat16}
+    start, trained = load_model(str(DEFAULT_MODEL_DIR)), load_model(str(tmp_path / "run" / "model"))
+    fresh = seeded_model(start.config)
+    w = "model.layers.0.self_attn.kv_a_proj_with_mqa.weight"
+    start_w, trained_w = start.state_dict()[w], trained.state_dict()[w]
+    assert torch.allclose(trained_w, start_w, rtol=1e-2, atol=1e-3)  # bf16 rounding of a 1e-9 step
+    assert not torch.allclose(fresh.state_dict()[w], start_w, rtol=1e-2, atol=1e-3)

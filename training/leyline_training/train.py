@@ -40,7 +40,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from leyline_runtime.model import default_config, load_model, read_config, save_model, seeded_model
+from leyline_runtime.model import default_config, load_model, save_model, seeded_model
 from leyline_runtime.model.config import config_from_dict
 from leyline_runtime.model.deepseek import DeepseekForCausalLM
 from leyline_runtime.model.default import DEFAULT_MODEL_DIR
@@ -158,7 +158,8 @@ def train(out_dir: str | Path, *, minutes: float = 70.0, seq_len: int = 2048, ba
         cfg = config_from_dict(state["config"])
         log(f"resuming from {ckpt_path}: step {state['step']}, {state['elapsed'] / 60:.1f} min done")
     elif init_from:
-        cfg = read_config(init_from)
+        start = load_model(str(init_from), dtype=torch.float32)
+        cfg = start.config
         log(f"starting from the weights in {init_from}")
     else:
         cfg = default_config(tok.vocab_size)
@@ -167,7 +168,7 @@ def train(out_dir: str | Path, *, minutes: float = 70.0, seq_len: int = 2048, ba
     if state is not None:
         model.load_state_dict(state["model"])
     elif init_from:
-        model.load_state_dict(load_model(str(init_from), dtype=torch.float32).state_dict())
+        model.load_state_dict(start.state_dict())
     model.train()
     opt = torch.optim.AdamW(param_groups(model, weight_decay), lr=lr, betas=betas, eps=1e-8)
     if state is not None:
