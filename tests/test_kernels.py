@@ -414,6 +414,60 @@ def test_torch_chunking_does_not_change_results():
     assert_bitwise(a, b)
 
 
+def run_case(count: int, tail: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """An edit's moved rows as the runtime sees them when its blocks sit next to each other:
+    ``count - tail`` rows consecutive in both pools (one long run, starting mid-block), then
+    ``tail`` paged rows in random blocks. Returns (src rows, dst rows, pool rows)."""
+    run = count - tail
+    num_blocks = 2 * (run // BLOCK + 2) + 2 * (tail // BLOCK + 2)
+    src_run = torch.arange(5, 5 + run)
+    dst_run = torch.arange(5 + run + 7, 5 + 2 * run + 7)
+    first_free = (5 + 2 * run + 7) // BLOCK + 1
+    tail_src, tail_dst = paged_case(num_blocks - first_free, tail, src_start=3, dst_start=9, seed=seed)
+    offset = first_free * BLOCK
+    return (torch.cat((src_run, tail_src + offset)), torch.cat((dst_run, tail_dst + offset)),
+            num_blocks * BLOCK)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).split(".")[-1])
+@pytest.mark.parametrize("pair_layout", ["half_split", "interleaved"])
+@pytest.mark.parametrize("distinct", [1, 5])
+def test_torch_runs_copied_as_slices_match_the_indexed_path(dtype, pair_layout, distinct):
+    """Rows in long consecutive runs take the slice-copy path; the result is bit for bit the
+    gather/scatter path's, for every row, including chunks that split a run."""
+    count = 1300
+    src_rows, dst_rows, num_rows = run_case(count, tail=140, seed=4)
+    g = torch.Generator().manual_seed(5)
+    choices = torch.tensor(EDGE_DELTAS[:distinct]) if distinct > 1 else torch.tensor([-1994])
+    deltas = choices[torch.randint(0, len(choices), (count,), generator=g)]
+    di, cos, sin = delta_rotation_table(deltas, yarn_inv_freq(ROPE), "cpu")
+    pool = random_pool(num_rows, WIDTH, dtype, seed=6)
+    by_slices, by_index = pool.clone(), pool.clone()
+    args = (src_rows, dst_rows, di, cos, sin, KV_LORA, ROPE)
+    _rotate_and_splice_torch_impl(by_slices, by_slices, *args, chunk_rows=97, pair_layout=pair_layout,
+                                  min_run=256)
+    _rotate_and_splice_torch_impl(by_index, by_index, *args, pair_layout=pair_layout, min_run=count + 1)
+    assert_bitwise(by_slices, by_index)
+    assert not torch.equal(bits(by_slices[dst_rows]), bits(pool[src_rows]))  # rows were rotated
+    untouched = torch.ones(num_rows, dtype=torch.bool)
+    untouched[dst_rows] = False
+    assert_bitwise(by_slices[untouched], pool[untouched])
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def test_triton_bit_identical_to_torch_runs(dtype):
+    """The slice-copy path against the independent Triton kernel."""
+    count = 1100
+    src_rows, dst_rows, num_rows = run_case(count, tail=60, seed=8)
+    di, cos, sin = delta_rotation_table(torch.full((count,), -1994), deepseek_inv_freq(ROPE), "cpu")
+    pool = random_pool(num_rows, WIDTH, dtype, seed=9)
+    ref, out = pool.clone(), pool.clone()
+    rotate_and_splice_torch(ref, ref, src_rows, dst_rows, di, cos, sin, KV_LORA, ROPE)
+    rotate_and_splice_triton(out, out, src_rows, dst_rows, di, cos, sin, KV_LORA, ROPE)
+    assert_bitwise(out, ref)
+
+
 @pytest.mark.parametrize("backend", BACKENDS + [pytest.param(rotate_and_splice, id="dispatch")])
 def test_empty_and_int32_indices(backend):
     pool = random_pool(64, WIDTH, torch.float32, seed=0)
