@@ -431,15 +431,18 @@ def run_case(count: int, tail: int, seed: int) -> tuple[torch.Tensor, torch.Tens
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).split(".")[-1])
 @pytest.mark.parametrize("pair_layout", ["half_split", "interleaved"])
-@pytest.mark.parametrize("distinct", [1, 5])
-def test_torch_runs_copied_as_slices_match_the_indexed_path(dtype, pair_layout, distinct):
-    """Rows in long consecutive runs take the slice-copy path; the result is bit for bit the
-    gather/scatter path's, for every row, including chunks that split a run."""
+@pytest.mark.parametrize("several_edits", [False, True], ids=["one-delta", "several-deltas"])
+def test_torch_runs_copied_as_slices_match_the_indexed_path(dtype, pair_layout, several_edits):
+    """Rows in long consecutive runs of one delta take the slice-copy path; the result is bit
+    for bit the gather/scatter path's, for every row, including chunks that split a run."""
     count = 1300
     src_rows, dst_rows, num_rows = run_case(count, tail=140, seed=4)
     g = torch.Generator().manual_seed(5)
-    choices = torch.tensor(EDGE_DELTAS[:distinct]) if distinct > 1 else torch.tensor([-1994])
-    deltas = choices[torch.randint(0, len(choices), (count,), generator=g)]
+    if not several_edits:  # one deletion: every row moves by the same delta
+        deltas = torch.full((count,), -1994)
+    else:  # several edits: runs of rows per delta, then rows of mixed deltas
+        runs = torch.repeat_interleave(torch.tensor([-1994, 1, 0, 127, -1]), torch.tensor([400, 17, 300, 283, 160]))
+        deltas = torch.cat((runs, torch.tensor(EDGE_DELTAS)[torch.randint(0, 9, (count - len(runs),), generator=g)]))
     di, cos, sin = delta_rotation_table(deltas, yarn_inv_freq(ROPE), "cpu")
     pool = random_pool(num_rows, WIDTH, dtype, seed=6)
     by_slices, by_index = pool.clone(), pool.clone()

@@ -9,10 +9,11 @@ bundled runtime) or interleaved (dim ``2j`` pairs with ``2j + 1``, vLLM's
 DeepSeek cache); pair ``j`` rotates by ``inv_freq[j]`` in both.
 
 Rows move two ways, with the same arithmetic: runs of at least
-:data:`MIN_RUN_ROWS` rows that are consecutive in both pools (an edit moves a
-session's tail as one run per layer when its blocks sit next to each other)
-are copied slice to slice and rotated in place at the destination; every
-other row is gathered, rotated and scattered by index.
+:data:`MIN_RUN_ROWS` rows that are consecutive in both pools and share one
+delta (an edit moves a session's tail as one run per layer when its blocks
+sit next to each other) are copied slice to slice and rotated in place at the
+destination by one broadcast cos/sin row; every other row is gathered,
+rotated and scattered by index.
 """
 
 from __future__ import annotations
@@ -36,23 +37,22 @@ class _Rotator:
     """Rotates the rope slice of row blocks in place, reusing its fp32 buffers."""
 
     def __init__(self, rows: int, rope_offset: int, rope_dim: int, pair_layout: str,
-                 cos: torch.Tensor, sin: torch.Tensor, delta_index: torch.Tensor, device):
+                 cos: torch.Tensor, sin: torch.Tensor, device):
         self.first, self.second = pair_columns(rope_offset, rope_dim, pair_layout)
-        self.cos, self.sin, self.delta_index = cos, sin, delta_index
-        self.single = cos.shape[0] == 1  # one distinct delta: broadcast instead of gathering
+        self.cos, self.sin = cos, sin
         # Reused by every chunk: fresh allocations this size are page-faulted each time.
         self.out1, self.out2, self.prod = (torch.empty(rows, rope_dim // 2, device=device) for _ in range(3))
 
-    def __call__(self, rows: torch.Tensor, index: slice | torch.Tensor) -> None:
-        """Rotate ``rows`` (``[m, width]``), whose deltas are ``delta_index[index]``."""
+    def __call__(self, rows: torch.Tensor, table_rows: torch.Tensor | int) -> None:
+        """Rotate ``rows`` (``[m, width]``) by the table row of each (``[m]``), or by one
+        table row for all of them (an int: broadcast instead of gathering)."""
         m = rows.shape[0]
         x1 = rows[:, self.first].to(torch.float32)
         x2 = rows[:, self.second].to(torch.float32)
-        if self.single:
-            c, s = self.cos, self.sin
+        if isinstance(table_rows, int):
+            c, s = self.cos[table_rows: table_rows + 1], self.sin[table_rows: table_rows + 1]
         else:
-            k = self.delta_index[index]
-            c, s = self.cos.index_select(0, k), self.sin.index_select(0, k)
+            c, s = self.cos.index_select(0, table_rows), self.sin.index_select(0, table_rows)
         out1, out2, prod = self.out1[:m], self.out2[:m], self.prod[:m]
         # Each product is rounded to fp32 separately (no fused multiply-add),
         # the same arithmetic the Triton kernel performs.
@@ -66,20 +66,21 @@ class _Rotator:
         rows[:, self.second] = out2
 
 
-def _runs(src_rows: torch.Tensor, dst_rows: torch.Tensor,
+def _runs(src_rows: torch.Tensor, dst_rows: torch.Tensor, delta_index: torch.Tensor,
           min_run: int) -> tuple[list[list[int]], torch.Tensor | None]:
-    """Runs of at least ``min_run`` rows consecutive in both pools, each as ``[first index,
-    first src row, first dst row, length]``, and the indices of the rows outside those runs
-    (``None``: there is no run, so every row)."""
+    """Runs of at least ``min_run`` rows consecutive in both pools and moved by one delta,
+    each as ``[first src row, first dst row, length, table row]``, and the indices of the
+    rows outside those runs (``None``: there is no run, so every row)."""
     n = src_rows.numel()
-    steps = ((src_rows[1:] - src_rows[:-1]) == 1) & ((dst_rows[1:] - dst_rows[:-1]) == 1)
+    steps = (((src_rows[1:] - src_rows[:-1]) == 1) & ((dst_rows[1:] - dst_rows[:-1]) == 1)
+             & (delta_index[1:] == delta_index[:-1]))
     starts = torch.cat((steps.new_zeros(1, dtype=torch.long), (~steps).nonzero().flatten() + 1))
     lengths = torch.diff(starts, append=starts.new_full((1,), n))
     long = lengths >= min_run
     if not bool(long.any()):
         return [], None
     first = starts[long]
-    runs = torch.stack((first, src_rows[first], dst_rows[first], lengths[long]), dim=1).tolist()
+    runs = torch.stack((src_rows[first], dst_rows[first], lengths[long], delta_index[first]), dim=1).tolist()
     return runs, (~torch.repeat_interleave(long, lengths)).nonzero().flatten()
 
 
@@ -98,16 +99,15 @@ def _rotate_and_splice_torch_impl(
     min_run: int = MIN_RUN_ROWS,
 ) -> None:
     n = src_rows.numel()
-    rotate = _Rotator(min(n, chunk_rows), rope_offset, rope_dim, pair_layout, cos, sin, delta_index,
-                      src_pool.device)
-    runs, rest = _runs(src_rows, dst_rows, min_run)
-    for first, src, dst, length in runs:
+    rotate = _Rotator(min(n, chunk_rows), rope_offset, rope_dim, pair_layout, cos, sin, src_pool.device)
+    runs, rest = _runs(src_rows, dst_rows, delta_index, min_run)
+    for src, dst, length, table_row in runs:
         # Copy a chunk slice to slice (a memcpy), then rotate it where it landed, still in cache.
         for a in range(0, length, chunk_rows):
             m = min(chunk_rows, length - a)
             rows = dst_pool[dst + a: dst + a + m]
             rows.copy_(src_pool[src + a: src + a + m])
-            rotate(rows, slice(first + a, first + a + m))
+            rotate(rows, table_row)
     left = n if rest is None else len(rest)
     if not left:
         return
@@ -115,7 +115,7 @@ def _rotate_and_splice_torch_impl(
     for a in range(0, left, chunk_rows):
         index = slice(a, a + chunk_rows) if rest is None else rest[a: a + chunk_rows]
         rows = torch.index_select(src_pool, 0, src_rows[index], out=gathered[: min(chunk_rows, left - a)])
-        rotate(rows, index)
+        rotate(rows, 0 if cos.shape[0] == 1 else delta_index[index])  # one distinct delta: broadcast
         dst_pool.index_copy_(0, dst_rows[index], rows)
 
 
