@@ -305,8 +305,7 @@ class DirectiveExecutor:
         old_pos = plan.old_pos[new_pos]
         pool = self.engine.pool
         device = pool.rows.device
-        dst = new_table.rows(0, new_table.capacity)[new_pos]
-        src = old_table.rows(0, old_table.capacity)[old_pos]
+        dst, src = new_table.rows_at(new_pos), old_table.rows_at(old_pos)
         deltas = (new_pos - old_pos) if rotate else torch.zeros_like(new_pos)
         layout = pool.layout
         # One pass over all layers: layer l's rows sit l * rows_per_layer further on.

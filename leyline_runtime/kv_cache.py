@@ -80,10 +80,12 @@ class BlockTable:
         """Pool row index of each position in ``[start, end)``."""
         if end > self.capacity:
             raise IndexError(f"positions up to {end} exceed the table's {self.capacity} slots")
-        pos = torch.arange(start, end, dtype=torch.long)
-        blocks = torch.tensor(self.blocks, dtype=torch.long)
-        return (blocks[pos // self.block_size] * self.block_size + pos % self.block_size).to(device)
+        return self.rows_at(torch.arange(start, end, dtype=torch.long)).to(device)
 
+    def rows_at(self, positions: torch.Tensor) -> torch.Tensor:
+        """Pool row index of each of ``positions`` (int64, on the CPU, inside the table)."""
+        blocks = torch.tensor(self.blocks, dtype=torch.long)
+        return blocks[positions // self.block_size] * self.block_size + positions % self.block_size
 
     def extents(self, end: int) -> list[tuple[int, int]]:
         """Positions ``[0, end)`` as runs of consecutive pool rows: ``(first row, length)`` each."""

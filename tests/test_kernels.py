@@ -441,8 +441,10 @@ def test_torch_runs_copied_as_slices_match_the_indexed_path(dtype, pair_layout, 
     if not several_edits:  # one deletion: every row moves by the same delta
         deltas = torch.full((count,), -1994)
     else:  # several edits: runs of rows per delta, then rows of mixed deltas
-        runs = torch.repeat_interleave(torch.tensor([-1994, 1, 0, 127, -1]), torch.tensor([400, 17, 300, 283, 160]))
-        deltas = torch.cat((runs, torch.tensor(EDGE_DELTAS)[torch.randint(0, 9, (count - len(runs),), generator=g)]))
+        runs = torch.repeat_interleave(torch.tensor([-1994, 1, 0, 127, -1]),
+                                       torch.tensor([400, 17, 300, 283, 160]))
+        mixed = torch.tensor(EDGE_DELTAS)[torch.randint(0, len(EDGE_DELTAS), (count - len(runs),), generator=g)]
+        deltas = torch.cat((runs, mixed))
     di, cos, sin = delta_rotation_table(deltas, yarn_inv_freq(ROPE), "cpu")
     pool = random_pool(num_rows, WIDTH, dtype, seed=6)
     by_slices, by_index = pool.clone(), pool.clone()

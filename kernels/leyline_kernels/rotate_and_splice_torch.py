@@ -81,7 +81,10 @@ def _runs(src_rows: torch.Tensor, dst_rows: torch.Tensor, delta_index: torch.Ten
         return [], None
     first = starts[long]
     runs = torch.stack((src_rows[first], dst_rows[first], lengths[long], delta_index[first]), dim=1).tolist()
-    return runs, (~torch.repeat_interleave(long, lengths)).nonzero().flatten()
+    outside = src_rows.new_ones(n, dtype=torch.bool)
+    for start, length in torch.stack((first, lengths[long]), dim=1).tolist():
+        outside[start: start + length] = False
+    return runs, outside.nonzero().flatten()
 
 
 def _rotate_and_splice_torch_impl(
