@@ -87,6 +87,12 @@ def _runs(src_rows: torch.Tensor, dst_rows: torch.Tensor, delta_index: torch.Ten
     return runs, outside.nonzero().flatten()
 
 
+def _one_table_row(table_rows: torch.Tensor) -> torch.Tensor | int:
+    """``table_rows``, or the one row they all name (rotated by broadcast, no gather)."""
+    lo, hi = torch.aminmax(table_rows)
+    return int(lo) if int(lo) == int(hi) else table_rows
+
+
 def _rotate_and_splice_torch_impl(
     src_pool: torch.Tensor,
     dst_pool: torch.Tensor,
@@ -118,7 +124,7 @@ def _rotate_and_splice_torch_impl(
     for a in range(0, left, chunk_rows):
         index = slice(a, a + chunk_rows) if rest is None else rest[a: a + chunk_rows]
         rows = torch.index_select(src_pool, 0, src_rows[index], out=gathered[: min(chunk_rows, left - a)])
-        rotate(rows, 0 if cos.shape[0] == 1 else delta_index[index])  # one distinct delta: broadcast
+        rotate(rows, _one_table_row(delta_index[index]))
         dst_pool.index_copy_(0, dst_rows[index], rows)
 
 
