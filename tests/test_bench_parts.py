@@ -11,6 +11,7 @@ from helpers import agent_history
 from test_server_support import torch_threads
 
 from leyline_bench import admission
+from leyline_bench.edit import _fragment
 from leyline_bench.exact import grow
 from leyline_bench.forking import fork_session
 from leyline_bench.histories import history_of_length, make_edit, offsets
@@ -155,6 +156,27 @@ def test_fork_is_an_exact_independent_copy(runtime):
     assert runtime.get_session(sid, "t").num_messages == len(agent_history())
     runtime.delete_session(fork, "t")
     runtime.delete_session(sid, "t")
+
+
+def test_amortize_on_a_fragmented_pool_writes_the_same_rows(tok):
+    """Neighbouring blocks (the tail copied as slices) and shuffled blocks (every row moved by
+    index, as ``--fragment-pool`` measures) leave the same cache, bit for bit."""
+    history = history_of_length(tok, 1024)
+    directive = make_edit(tok, history, 0.1, "10pct-delete").directive
+    caches, neighbours = [], []
+    for fragment in (False, True):
+        rt = Runtime(RuntimeConfig(max_cache_tokens=4096))
+        if fragment:
+            _fragment(rt.pool)
+        sid = rt.create_session(SessionCreate(messages=history), "t").session_id
+        outcome = rt.apply(DirectiveBatch(session_id=sid, directives=[directive]), "t").outcomes[0]
+        assert outcome.applied_mode == "amortize" and outcome.rotated_tokens > 256
+        session = rt._get("t", sid)
+        caches.append(rt.pool.rows[:, session.table.rows(0, session.num_tokens)])
+        blocks = session.table.blocks
+        neighbours.append(sum(b == a + 1 for a, b in zip(blocks, blocks[1:])) / (len(blocks) - 1))
+    assert neighbours[0] > 0.9 and neighbours[1] < 0.1
+    assert torch.equal(caches[0], caches[1])
 
 
 def test_replay_accounting(runtime):

@@ -8,8 +8,10 @@ history; then, interleaved per repetition (order rotated), the arms
 * ``peer_full`` — transformers ``DeepseekV3ForCausalLM`` prefilling the edited history;
 * ``peer_crop`` — the same model cropping its ``DynamicCache`` of the old history at
   the first changed token and prefilling the rest;
-* ``copy`` — the memory floor of amortize: a plain indexed copy (``index_select`` +
-  ``index_copy_``, in the torch kernel's row chunks) of the rows amortize moves, all layers.
+* ``copy`` — what amortize's data movement is measured against: a plain indexed copy
+  (``index_select`` + ``index_copy_``, in the torch kernel's row chunks) of the rows
+  amortize moves, all layers. Amortize copies runs of neighbouring blocks as slices, so
+  on an unfragmented pool it can beat this; ``--fragment-pool`` takes that away.
 
 Contexts beyond the model's ``max_position_embeddings`` run with that limit
 raised to ``--max-positions`` on both sides (RoPE needs no table).
@@ -62,6 +64,9 @@ def add_parser(sub) -> None:
                    help="skip the untimed round on the smallest context (it costs a whole cell)")
     p.add_argument("--max-positions", type=int, default=None,
                    help="raise max_position_embeddings to this for the timing (both sides)")
+    p.add_argument("--fragment-pool", action="store_true",
+                   help="hand out cache blocks in random order (a pool after much churn): no two blocks of "
+                        "a session are neighbours, so amortize moves rows by index, not as slices")
     p.set_defaults(run=run, quick_overrides={"contexts": [512], "positions": [0.5], "spans": ["message"],
                                              "reps": 1})
 
@@ -223,6 +228,8 @@ def run(args, log=print) -> dict:
     # base session + one fork + the fresh full session + forget's fresh blocks
     runtime = Runtime(RuntimeConfig(model_path=args.model, dtype=args.dtype,
                                     max_cache_tokens=4 * max(fits) + 256), model=model)
+    if args.fragment_pool:
+        _fragment(runtime.pool)
     skipped = [{"context": n, "note": f"skipped: exceeds the model's max_position_embeddings ({limit})"}
                for n in args.contexts if n > limit]
     with scratch_dir() as scratch:
@@ -233,21 +240,30 @@ def run(args, log=print) -> dict:
         if not args.quick and not args.no_warm_up:
             _warm_up(runtime, peer, min(fits))
         cells = [c for n in args.contexts if n <= limit for c in _context_cells(runtime, peer, n, args, log)]
-    keys = ("contexts", "positions", "spans", "reps", "no_peer", "model", "dtype", "max_positions", "arms")
+    keys = ("contexts", "positions", "spans", "reps", "no_peer", "model", "dtype", "max_positions", "arms",
+            "fragment_pool")
     result = {"benchmark": "edit", "settings": {k: getattr(args, k) for k in keys},
               "runtime": runtime_info(runtime), "cells": cells, "skipped": skipped,
-              "notes": _notes(skipped)}
+              "notes": _notes(skipped, args.fragment_pool)}
     payload = write_results(args.out, "edit", result, "leyline-bench edit", _markdown(cells, skipped))
     _plot(args.out, cells)
     return payload
 
 
-def _notes(skipped) -> list[str]:
+def _fragment(pool, seed: int = 0) -> None:
+    """Shuffle the pool's free list (bench only: runtime internals)."""
+    order = torch.randperm(len(pool._free), generator=torch.Generator().manual_seed(seed)).tolist()
+    pool._free = [pool._free[i] for i in order]
+
+
+def _notes(skipped, fragment_pool: bool = False) -> list[str]:
     notes = ["Arms interleaved per repetition (order rotated); times are medians in seconds.",
              "amortize/forget run on an exact fork (row copy) of one cached session of the original history.",
              "peer = min(median peer_full, median peer_crop): transformers DeepseekV3ForCausalLM, same weights.",
-             "copy = a plain indexed copy of the rows amortize moves (all layers, 2048-row chunks): "
-             "amortize's memory floor."]
+             "copy = a plain indexed copy of the rows amortize moves (all layers, 2048-row chunks)."]
+    if fragment_pool:
+        notes.append("--fragment-pool: blocks handed out in random order, so amortize and copy both move rows "
+                     "by index (no run of neighbouring blocks to copy as a slice).")
     return notes + [s["note"] + f" (context {s['context']})" for s in skipped]
 
 
