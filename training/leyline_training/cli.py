@@ -67,6 +67,9 @@ def add_evaluate_arguments(ap: argparse.ArgumentParser) -> None:
     add_layout_arguments(ap)
     ap.add_argument("--max-tokens", type=int, default=256, help="per assistant turn")
     ap.add_argument("--ppl-transcripts", type=int, default=64, help="test transcripts for perplexity (0: skip)")
+    ap.add_argument("--drills", type=int, default=0,
+                    help="copying probe: teacher-forced assistant top-1 on this many test drills of each kind "
+                         "(echo, recall, compute; seconds, not minutes; 0: skip)")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--records", action="store_true", help="keep per-task records in the JSON")
     ap.add_argument("--constrained", action="store_true",

@@ -125,6 +125,11 @@ def _compute(rng: random.Random, split: str) -> list[Message]:
 _MAKERS = {"echo": _echo, "recall": _recall, "compute": _compute}
 
 
+def drill_of_kind(kind: str, seed: int, split: str = "test") -> list[Message]:
+    """One drill of a given kind (the copying probe's), a pure function of ``(kind, seed, split)``."""
+    return _MAKERS[kind](random.Random(f"drill:{kind}:{split}:{seed}"), split)
+
+
 def make_drill(seed: int, split: str = "train") -> list[Message]:
     rng = random.Random(f"drill:{split}:{seed}")
     return _MAKERS[rng.choice(DRILL_KINDS)](rng, split)
