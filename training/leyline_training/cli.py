@@ -43,6 +43,9 @@ def add_train_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--transcript-share", type=float, default=0.7, help="transcript fraction of the tokens")
     ap.add_argument("--drill-share", type=float, default=0.0,
                     help="fraction of the conversations that are copy/recall drills instead of agent tasks")
+    ap.add_argument("--token-echo-share", type=float, default=0.0,
+                    help="fraction of the conversations that are echo drills over random token ids: the clean "
+                         "copying signal text drills lack (0 reproduces the shipped model's data)")
     add_layout_arguments(ap)
     ap.add_argument("--curriculum", default="1024:0.4",
                     help="shorter rows first: LEN:FRACTION[,...] of the budget, then --seq-len ('' = none)")
