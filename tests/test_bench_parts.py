@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import agent_history
+from test_server_support import torch_threads
 
 from leyline_bench import admission
 from leyline_bench.exact import grow
@@ -33,11 +34,8 @@ MAX_POSITIONS = 4096
 
 @pytest.fixture(scope="module", autouse=True)
 def one_thread():
-    """Small ops on a shared 2-core machine run far faster without intra-op threads."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+    with torch_threads(1):
+        yield
 
 
 @pytest.fixture(scope="module")

@@ -16,14 +16,13 @@ from leyline_sdk.diff import apply_directives
 from leyline_sdk.protocol import Directive, SessionCreate, Span
 
 from helpers import agent_history
+from test_server_support import torch_threads
 
 
 @pytest.fixture(scope="module", autouse=True)
 def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+    with torch_threads(1):
+        yield
 
 
 @pytest.fixture(scope="module")

@@ -137,6 +137,20 @@ def test_a_body_over_the_limit_is_refused_unread(server):
     assert headers.get("connection") == "close"
 
 
+def test_a_body_over_the_limit_on_v1_is_an_openai_error(server):
+    """The guard answers before any route runs, yet ``/v1`` clients still get OpenAI's error shape."""
+    import openai
+
+    client = openai.OpenAI(base_url=f"{server.base}/v1", api_key="none", max_retries=0, timeout=60)
+    with pytest.raises(openai.APIStatusError) as caught:
+        client.chat.completions.create(model="leyline-default", max_tokens=1,
+                                       messages=[{"role": "user", "content": "x" * (17 * MIB)}])
+    assert caught.value.status_code == 413
+    error = caught.value.body
+    assert error["type"] == "invalid_request_error" and error["code"] == "request_too_large"
+    assert "--max-body-bytes" in error["message"] and "param" in error
+
+
 def test_a_slow_client_gets_408_and_others_are_served(server):
     with socket.create_connection(("127.0.0.1", server.port), timeout=15) as sock:
         t0 = time.monotonic()

@@ -17,6 +17,7 @@ import asyncio
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message as ASGIMessage, Receive, Scope, Send
 
 from leyline_sdk.errors import RequestTooLarge
@@ -24,6 +25,7 @@ from leyline_sdk.protocol import Message
 
 from ..tokenizer import ChatTokenizer
 from .errors import error_response
+from .openai_errors import OpenAIErrorDetail
 
 MIB = 2**20
 
@@ -88,13 +90,11 @@ class BodyGuard:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        refusal = self._check_declared_length(scope)
+        body, refusal = None, self._check_declared_length(scope)
+        if refusal is None:
+            body, refusal = await self._read_body(receive)
         if refusal is not None:
-            await refusal(scope, receive, send)
-            return
-        body, refusal = await self._read_body(receive)
-        if refusal is not None:
-            await refusal(scope, receive, send)
+            await refusal.response(scope)(scope, receive, send)
             return
         if body is None:
             return  # the client went away
@@ -106,7 +106,7 @@ class BodyGuard:
                 try:
                     length = int(value)
                 except ValueError:
-                    return _close(400, "invalid_body", "Content-Length is not a number")
+                    return _Refusal(400, "invalid_body", "Content-Length is not a number")
                 if length > self.limits.max_body_bytes:
                     return self._too_large(length)
         return None
@@ -120,7 +120,7 @@ class BodyGuard:
             try:
                 message = await asyncio.wait_for(receive(), timeout=max(0.0, deadline - loop.time()))
             except TimeoutError:
-                return None, _close(408, "request_timeout", f"the request body did not arrive within "
+                return None, _Refusal(408, "request_timeout", f"the request body did not arrive within "
                                                             f"{self.limits.body_timeout:g} s (--body-timeout)")
             if message["type"] == "http.disconnect":
                 return None, None
@@ -133,14 +133,26 @@ class BodyGuard:
                 return b"".join(chunks), None
 
     def _too_large(self, size: int, at_least: bool = False):
-        return _close(413, "request_too_large", f"the request body is {'over ' if at_least else ''}{size} bytes; "
+        return _Refusal(413, "request_too_large", f"the request body is {'over ' if at_least else ''}{size} bytes; "
                                                 f"this server takes at most {self.limits.max_body_bytes} "
                                                 f"(--max-body-bytes)")
 
 
-def _close(status: int, code: str, message: str):
-    """An error response that also closes the connection (the rest of the body is not read)."""
-    return error_response(status, code, message, headers={"Connection": "close"})
+@dataclass(frozen=True)
+class _Refusal:
+    status: int
+    code: str
+    message: str
+
+    def response(self, scope: Scope) -> JSONResponse:
+        """The error in the shape of the route family asked (OpenAI's on ``/v1``), closing the connection
+        (the rest of the body is not read)."""
+        headers = {"Connection": "close"}
+        if str(scope.get("path", "")).startswith("/v1/"):
+            detail = OpenAIErrorDetail(message=self.message, type="invalid_request_error", code=self.code)
+            return JSONResponse({"error": detail.model_dump()}, status_code=self.status, headers=headers)
+        return error_response(self.status, self.code, self.message, headers=headers)
+
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:
