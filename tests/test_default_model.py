@@ -46,3 +46,18 @@ def test_trained_loss_far_below_random(rt):
     trained = heldout_loss(rt.model, tok, n=3, max_len=1024)["loss"]
     random = heldout_loss(seeded_model(rt.model.config), tok, n=3, max_len=1024)["loss"]
     assert trained < 0.5 * random, (trained, random)
+
+
+def test_copying_probe_scores_the_trained_model_above_random(rt, capsys):
+    """``evaluate --drills``: teacher-forced top-1 on copied tokens, per drill kind, from the CLI."""
+    from leyline_training.evaluate import drill_accuracy, main
+
+    result = main(["--drills", "2", "--tasks", "0", "--ppl-transcripts", "0", "--threads", "1"])
+    trained = result["copying"]
+    assert set(trained) == {"echo", "recall", "compute"}
+    assert json.loads(capsys.readouterr().out)["copying"] == trained
+    tok = ChatTokenizer.from_file(DEFAULT_MODEL_DIR / "tokenizer.json")
+    random = drill_accuracy(seeded_model(rt.model.config), tok, n=2)
+    for kind, score in trained.items():
+        assert score["tokens"] == random[kind]["tokens"] > 0
+        assert 0.0 <= random[kind]["top1"] < score["top1"] <= 1.0, (kind, score, random[kind])

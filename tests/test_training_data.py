@@ -331,6 +331,41 @@ def test_packer_mixes_drills_in_by_share(tok):
     assert (drilled.classes == CLS_ASSISTANT).mean() > (plain.classes == CLS_ASSISTANT).mean()
 
 
+def test_token_echo_replies_copy_random_user_runs_and_only_replies_carry_loss(tok):
+    from leyline_training.corpus import CLS_NOISE, loss_weights
+    from leyline_training.drills import token_echo
+
+    user, assistant, end = (tok.token_id(t) for t in (tpl.ROLE_TOKENS["user"], tpl.ROLE_TOKENS["assistant"], tpl.END))
+    for seed in range(20):
+        ids, cls = token_echo(tok, seed, 256)
+        assert (ids, cls) == token_echo(tok, seed, 256) and len(ids) == len(cls) <= 256
+        assert tok.decode(ids[:1]) == tpl.ROLE_TOKENS["system"]
+        starts = [i for i, t in enumerate(ids) if t == user]
+        assert starts
+        for s in starts:
+            e = ids.index(end, s)
+            run = ids[s + 1:e]
+            assert 3 <= len(run) <= 24 and len(set(run)) == len(run)
+            assert not set(run) & tok.control_ids
+            assert cls[s + 1:e] == [CLS_NOISE] * len(run)
+            assert ids[e + 1] == assistant and ids[e + 2:e + 2 + len(run)] == run and ids[e + 2 + len(run)] == end
+            assert cls[e + 2:e + 3 + len(run)] == [CLS_ASSISTANT] * (len(run) + 1)
+        weights = loss_weights(np.array([cls]))[0]
+        assert (weights[np.array(cls[1:]) == CLS_NOISE] == 0).all() and weights.max() > 0
+
+
+def test_packer_mixes_token_echo_in_by_share(tok):
+    from leyline_training.corpus import CLS_NOISE
+
+    plain = Packer(tok, seed=5, transcript_share=0.95, drill_share=0.3).shard(0, 512)
+    assert not (plain.classes == CLS_NOISE).any()
+    mixed = Packer(tok, seed=5, transcript_share=0.95, drill_share=0.3, token_echo_share=0.5).shard(0, 512)
+    share = (mixed.classes == CLS_NOISE).mean()
+    assert 0.05 < share < 0.5, share
+    again = Packer(tok, seed=5, transcript_share=0.95, drill_share=0.3, token_echo_share=0.5).shard(0, 512)
+    assert np.array_equal(mixed.tokens, again.tokens)
+
+
 def test_train_init_from_starts_at_those_weights_and_saves_bf16(tmp_path):
     import torch
     from safetensors import safe_open

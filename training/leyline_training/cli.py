@@ -43,6 +43,9 @@ def add_train_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--transcript-share", type=float, default=0.7, help="transcript fraction of the tokens")
     ap.add_argument("--drill-share", type=float, default=0.0,
                     help="fraction of the conversations that are copy/recall drills instead of agent tasks")
+    ap.add_argument("--token-echo-share", type=float, default=0.0,
+                    help="fraction of the conversations that are echo drills over random token ids: the clean "
+                         "copying signal text drills lack (0 reproduces the shipped model's data)")
     add_layout_arguments(ap)
     ap.add_argument("--curriculum", default="1024:0.4",
                     help="shorter rows first: LEN:FRACTION[,...] of the budget, then --seq-len ('' = none)")
@@ -67,6 +70,9 @@ def add_evaluate_arguments(ap: argparse.ArgumentParser) -> None:
     add_layout_arguments(ap)
     ap.add_argument("--max-tokens", type=int, default=256, help="per assistant turn")
     ap.add_argument("--ppl-transcripts", type=int, default=64, help="test transcripts for perplexity (0: skip)")
+    ap.add_argument("--drills", type=int, default=0,
+                    help="copying probe: teacher-forced assistant top-1 on this many test drills of each kind "
+                         "(echo, recall, compute; seconds, not minutes; 0: skip)")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--records", action="store_true", help="keep per-task records in the JSON")
     ap.add_argument("--constrained", action="store_true",

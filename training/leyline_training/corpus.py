@@ -34,7 +34,7 @@ from leyline_sdk.protocol import Message
 from leyline_runtime import chat_template as tpl
 from leyline_runtime.model.default import DEFAULT_MODEL_DIR
 from leyline_runtime.tokenizer import ChatTokenizer
-from .drills import make_drill
+from .drills import make_drill, token_echo
 from .transcripts import make_transcript
 
 SKIP_DIRS = {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__", "encodings",
@@ -46,6 +46,7 @@ CHUNK_CHARS = 12_000
 CLS_TEXT = 0  # stdlib, separators
 CLS_CONTEXT = 1  # system / user / tool messages, role headers
 CLS_ASSISTANT = 2  # what the model generates: assistant bodies and their end marker
+CLS_NOISE = 3  # random by construction (token-echo drills' user text): no loss
 
 SEED_STRIDE = 10_000  # transcript seeds of shard k: k * SEED_STRIDE + j
 
@@ -163,8 +164,9 @@ class Packer:
 
     def __init__(self, tok: ChatTokenizer, *, seed: int = 0, rows_per_shard: int = 64,
                  transcript_share: float = 0.7, split: str = "train", drill_share: float = 0.0,
-                 order_share: float = 0.0, api_share: float = 0.0):
+                 order_share: float = 0.0, api_share: float = 0.0, token_echo_share: float = 0.0):
         self.tok = tok
+        self.token_echo_share = token_echo_share  # of the conversations: echo drills over random token ids
         self.layout = {"order_share": order_share, "api_share": api_share}  # see transcripts.RECIPE_*
         self.drill_share = drill_share  # of the conversations: copy/recall drills (.drills) instead of tasks
         self.seed = seed
@@ -191,10 +193,14 @@ class Packer:
             while True:
                 seed = self.seed * 1_000_000_000 + index * SEED_STRIDE + j
                 j += 1
-                drill = self.drill_share and random.Random(f"pick:{seed}").random() < self.drill_share
-                messages = (make_drill(seed, self.split) if drill
-                            else make_transcript(seed, self.split, **self.layout).messages)
-                ids, cls = transcript_tokens(tok, messages)
+                pick = random.Random(f"pick:{seed}")
+                drill = self.drill_share and pick.random() < self.drill_share
+                if self.token_echo_share and pick.random() < self.token_echo_share:
+                    ids, cls = token_echo(tok, seed, min(width - 1, 256))
+                else:
+                    messages = (make_drill(seed, self.split) if drill
+                                else make_transcript(seed, self.split, **self.layout).messages)
+                    ids, cls = transcript_tokens(tok, messages)
                 ids, cls = ids + [self.eot], cls + [CLS_CONTEXT]
                 if len(ids) <= width:
                     return ids, cls
@@ -230,8 +236,8 @@ class Packer:
 
 def loss_weights(classes: np.ndarray, assistant_weight: float = 2.0, text_weight: float = 1.0,
                  context_weight: float = 1.0) -> np.ndarray:
-    """Per-target weights for rows' targets (``classes[:, 1:]``)."""
-    table = np.array([text_weight, context_weight, assistant_weight], dtype=np.float32)
+    """Per-target weights for rows' targets (``classes[:, 1:]``); noise tokens weigh nothing."""
+    table = np.array([text_weight, context_weight, assistant_weight, 0.0], dtype=np.float32)
     return table[classes[:, 1:]]
 
 

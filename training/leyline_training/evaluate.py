@@ -1,11 +1,15 @@
 """Evaluate a model folder on the held-out (test split) synthetic tasks.
 
-Two measurements:
+Three measurements:
 
 * **Held-out perplexity** — mean token cross-entropy on test-split
   transcripts (each scored alone, from position 0, tokenised exactly as the
   runtime does), for the model and for the seeded random-init model of the
   same config (``seeded_model(config)``); also on assistant tokens only.
+* **Copying probe** (``--drills N``) — teacher-forced top-1 accuracy on the
+  assistant tokens of ``N`` test-split drills of each kind (:mod:`.drills`):
+  every such token is copied from the context, so this measures in seconds
+  what task success needs and the agent loop only shows in minutes.
 * **Agent loop** — ``generate(messages, tools) -> assistant Message`` (or raw
   assistant text) is driven through held-out tasks: the model's tool calls
   are executed by the generator's tools (:func:`.tools.execute`), results are
@@ -40,6 +44,7 @@ from leyline_runtime import chat_template as tpl
 from leyline_runtime.tokenizer import ChatTokenizer
 from .cli import EVALUATE_HELP, add_evaluate_arguments
 from .corpus import CLS_ASSISTANT, transcript_tokens
+from .drills import DRILL_KINDS, drill_of_kind
 from .tools import execute, validate_call
 from .transcripts import Task, make_task, make_transcript
 
@@ -85,6 +90,26 @@ def compare_perplexity(model_path: str | None, n: int = 64, seed: int = 0) -> di
     trained, rand = heldout_loss(model, tok, n), heldout_loss(random_model, tok, n)
     return {"trained": trained, "random_init": rand, "loss_ratio": trained["loss"] / rand["loss"],
             "uniform_loss": math.log(model.config.vocab_size)}
+
+
+@torch.no_grad()
+def drill_accuracy(model, tok: ChatTokenizer, n: int = 12) -> dict:
+    """Per drill kind: share of assistant tokens whose greedy prediction is the copied token."""
+    was_training = model.training
+    model.eval()
+    out = {}
+    for kind in DRILL_KINDS:
+        right = total = 0
+        for seed in range(n):
+            ids, cls = transcript_tokens(tok, drill_of_kind(kind, seed, "test"))
+            t = torch.tensor([ids])
+            predicted = model(t[:, :-1])[0].argmax(-1)
+            mask = torch.tensor(cls[1:]) == CLS_ASSISTANT
+            right += int((predicted == t[0, 1:])[mask].sum())
+            total += int(mask.sum())
+        out[kind] = {"top1": right / total, "tokens": total, "drills": n}
+    model.train(was_training)
+    return out
 
 
 # --------------------------------------------------------------------------- agent loop
@@ -250,6 +275,15 @@ def run(args: argparse.Namespace) -> dict:
         log(f"held-out loss {p['trained']['loss']:.3f} (ppl {p['trained']['ppl']:.2f}) vs random "
             f"{p['random_init']['loss']:.3f}; assistant tokens {p['trained']['assistant_loss']:.3f} vs "
             f"{p['random_init']['assistant_loss']:.3f}")
+    if args.drills:
+        from leyline_runtime.model import load_model
+        from leyline_runtime.model.default import DEFAULT_MODEL_DIR
+
+        folder = Path(path) if path else DEFAULT_MODEL_DIR
+        result["copying"] = drill_accuracy(load_model(str(folder)), ChatTokenizer.from_file(folder / "tokenizer.json"),
+                                           args.drills)
+        log("copying probe (assistant top-1 on test drills): " + ", ".join(
+            f"{kind} {v['top1']:.3f}" for kind, v in result["copying"].items()))
     if args.tasks:
         from leyline_runtime.runtime import Runtime, RuntimeConfig
 

@@ -5,7 +5,8 @@
 * Model: ``leyline_runtime.model.default_config(vocab)`` (DeepSeek-V3 MLA,
   dense, ~13M parameters, tied embeddings), initialised by ``seeded_model``.
 * Data: :class:`.corpus.Packer` shards (transcripts, ``--drill-share`` of them copy/recall
-  drills (:mod:`.drills`), + stdlib, ``seq_len``
+  drills and ``--token-echo-share`` echo drills over random token ids (:mod:`.drills`),
+  + stdlib, ``seq_len``
   rows); a sequence-length curriculum (default ``--curriculum 1024:0.4``:
   1024-token rows for the first 40 % of the budget, then ``--seq-len``
   2048, so 2k-token agent histories are in distribution). Tokens per
@@ -139,7 +140,7 @@ def train(out_dir: str | Path, *, minutes: float = 70.0, seq_len: int = 2048, ba
           log_every: int = 10, max_steps: int | None = None, tokenizer: str | Path = DEFAULT_TOKENIZER,
           export: str | Path | None = None, eval_transcripts: int = 32, rows_per_shard: int = 64,
           init_from: str | Path | None = None, drill_share: float = 0.0, order_share: float = 0.0,
-          api_share: float = 0.0, log=print) -> dict:
+          api_share: float = 0.0, token_echo_share: float = 0.0, log=print) -> dict:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     if threads:
@@ -174,7 +175,8 @@ def train(out_dir: str | Path, *, minutes: float = 70.0, seq_len: int = 2048, ba
     if state is not None:
         opt.load_state_dict(state["optimizer"])
     packer = Packer(tok, seed=seed, rows_per_shard=rows_per_shard, transcript_share=transcript_share,
-                    drill_share=drill_share, order_share=order_share, api_share=api_share)
+                    drill_share=drill_share, order_share=order_share, api_share=api_share,
+                    token_echo_share=token_echo_share)
     stream = DataStream(packer, *(state["data"] if state else (0, 0)))
     step = state["step"] if state else 0
     tokens_seen = state["tokens"] if state else 0
@@ -257,7 +259,7 @@ def train(out_dir: str | Path, *, minutes: float = 70.0, seq_len: int = 2048, ba
                "batch": batch, "accum": accum, "lr": lr, "curriculum": curriculum, "seed": seed,
                "init_from": str(init_from) if init_from else None, "assistant_weight": assistant_weight,
                "transcript_share": transcript_share, "drill_share": drill_share,
-               "order_share": order_share, "api_share": api_share,
+               "order_share": order_share, "api_share": api_share, "token_echo_share": token_echo_share,
                "data_position": [stream.shard_index, stream.row],
                "packed_tokens_this_process": {"transcripts": stream.transcript_tokens, "stdlib": stream.text_tokens},
                "last_loss": history[-1]["loss"] if history else None,
@@ -298,7 +300,8 @@ def run(args: argparse.Namespace) -> dict:
                  checkpoint_minutes=args.checkpoint_minutes, resume=not args.no_resume,
                  log_every=args.log_every, max_steps=args.max_steps, tokenizer=args.tokenizer or DEFAULT_TOKENIZER,
                  export=args.export, eval_transcripts=args.eval_transcripts, init_from=args.init_from,
-                 drill_share=args.drill_share, order_share=args.order_share, api_share=args.api_share)
+                 drill_share=args.drill_share, order_share=args.order_share, api_share=args.api_share,
+                 token_echo_share=args.token_echo_share)
 
 
 if __name__ == "__main__":
