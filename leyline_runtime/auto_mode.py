@@ -18,8 +18,9 @@ Per directive, in position order:
 
 * at most ``short_tail`` tokens after the edit: ``forget`` (it costs no more than a repair);
 * drift over ``forget_threshold``: ``forget``;
-* drift × attention over ``repair_threshold``: ``repair`` — amortize, then recompute the
-  last ``repair_tail`` rows (the ones the next turn attends to most; see :mod:`.recompute`);
+* drift × attention over ``repair_threshold`` (if one is set; none by default): ``repair`` —
+  amortize, then recompute the last ``repair_tail`` rows (the ones the next turn attends to
+  most; see :mod:`.recompute`);
 * else ``amortize``.
 
 Every amortized ``auto`` edit adds its drift to the session's (:mod:`.drift`); past the
@@ -48,16 +49,20 @@ from .session import Session
 @dataclass
 class AutoConfig:
     # Calibrated with `leyline-bench fidelity --policies ...` (docs/perf/fidelity_policies.md)
-    # on the default model and its 12/18-layer stacks.
+    # on the default model and its 12/18-layer stacks, sessions 0-1 (the docs report others).
     forget_threshold: float = 8.0  # on the edit's drift: layer-1 change x (num_layers - 1)
-    # on the edit's drift x the attention the next turn pays it; 0: repair the tail after every
-    # measured edit (cheap and the best drift per recomputed row in the calibration)
-    repair_threshold: float = 0.0
+    # On the edit's drift x the attention the next turn pays it; None: never. Off by default: in
+    # the calibration a 32-row tail repair after every edit cost 0.034 of forget's recompute and
+    # bought next-turn top-1 +0.0003..+0.0014, while the same rows spent on an earlier drift-budget
+    # repair bought +0.002..+0.003 (a repair makes every row exact; a tail repair recomputes the
+    # tail against the stale rows before it).
+    repair_threshold: float | None = None
     short_tail: int = 128  # at most this many tokens after the edit: forget (a repair would cost as much)
     repair_tail: int = 32
     signal_window: int = 64
     attention_queries: int = 8  # newest positions whose layer-0 attention stands in for the next turn's
-    drift_budget: float | None = 12.0
+    # In drift units (layer-1 change x (num_layers - 1)): deeper models pass it sooner.
+    drift_budget: float | None = 8.0
 
 
 @torch.no_grad()
@@ -229,7 +234,7 @@ class AutoMode:
         choice, reason = "amortize", "below_threshold"
         if drift > cfg.forget_threshold:
             choice, reason = "forget", "signal"
-        elif drift * attention > cfg.repair_threshold:
+        elif cfg.repair_threshold is not None and drift * attention > cfg.repair_threshold:
             choice, reason = "repair", "signal"
         return AutoDecision(choice=choice, reason=reason, layer1_change=change, attention=attention,
                             signal_tokens=window_end - edit_end)

@@ -137,8 +137,10 @@ def test_auto_repair_recomputes_only_the_tail(rt, auto):
     assert s.counters.recomputed_tokens == 32
 
 
-def test_auto_below_threshold_amortizes_and_counts_drift(rt, auto):
-    auto(forget_threshold=INF, repair_threshold=INF)
+@pytest.mark.parametrize("repair_threshold", [INF, None])  # None, the default: never a tail repair
+def test_auto_below_threshold_amortizes_and_counts_drift(rt, auto, repair_threshold):
+    assert AutoConfig().repair_threshold is None
+    auto(forget_threshold=INF, repair_threshold=repair_threshold)
     plain, s = session(rt, agent_history()), session(rt, agent_history())
     apply(rt, plain, drop_failed_attempt("amortize"))
     o = apply(rt, s, drop_failed_attempt("auto")).outcomes[0]

@@ -6,7 +6,7 @@ import torch
 from leyline_bench import stress_models
 from leyline_bench.edit_sessions import KINDS, PROTECTED_TAIL, build_session
 from leyline_bench.policies import check_policies, jsd_rows, run_session, suffix_logits
-from leyline_bench.policy_bench import equal_cost
+from leyline_bench.policy_bench import equal_cost, multi_edit_sessions
 from leyline_bench.edit_sessions import EditSession, Step
 from leyline_runtime.model import load_model
 from leyline_runtime.model.default import DEFAULT_MODEL_DIR, default_tokenizer_path
@@ -49,6 +49,22 @@ def test_edit_sessions_are_agent_like_and_valid(tok):
             messages = apply_directives(messages, step.directives) + step.next_turn
             assert sum(map(len, tok.encode_messages(messages))) < 3500
     assert set(KINDS) <= kinds
+
+
+def test_session_seed_picks_the_multi_edit_sessions(tok):
+    """Calibrate on one seed range, report on another: --session-seed S --sessions n builds seeds S..S+n-1."""
+    import argparse
+
+    from leyline_bench import fidelity
+
+    parser = argparse.ArgumentParser()
+    fidelity.add_parser(parser.add_subparsers())
+    args = parser.parse_args(["fidelity", "--policies", "auto", "--sessions", "2", "--session-seed", "3",
+                              "--edits", "2", "--session-tokens", "500"])
+    sessions = multi_edit_sessions(tok, args)
+    assert [s.name for s in sessions] == ["session_3", "session_4"]
+    assert sessions[1] == build_session(tok, 4, edits=2, start_tokens=500)
+    assert sessions[0] != build_session(tok, 0, edits=2, start_tokens=500)
 
 
 def test_stacked_model_repeats_the_trained_layers(tok):

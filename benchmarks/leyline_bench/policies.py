@@ -237,8 +237,9 @@ def _arm_record(a: Arm) -> dict:
 def auto_config(args) -> AutoConfig:
     base = AutoConfig()
     budget = args.drift_budget if args.drift_budget is not None else base.drift_budget
+    repair = _pick(args.auto_repair_threshold, base.repair_threshold)
     return replace(base, forget_threshold=_pick(args.auto_forget_threshold, base.forget_threshold),
-                   repair_threshold=_pick(args.auto_repair_threshold, base.repair_threshold),
+                   repair_threshold=None if repair is not None and repair < 0 else repair,
                    repair_tail=_pick(args.auto_repair_tail, base.repair_tail),
                    drift_budget=None if budget is not None and budget < 0 else budget)
 

@@ -36,6 +36,9 @@ def add_arguments(p) -> None:
     p.add_argument("--models", default=",".join(stress_models.VARIANTS),
                    help="with --policies: model variants (default: %(default)s)")
     p.add_argument("--sessions", type=int, default=2, help="with --policies: multi-edit sessions per model")
+    p.add_argument("--session-seed", type=int, default=0,
+                   help="with --policies: seed of the first multi-edit session (the others follow it), so "
+                        "thresholds calibrated on one seed range can be reported on another")
     p.add_argument("--edits", type=int, default=20, help="with --policies: edits per multi-edit session")
     p.add_argument("--session-tokens", type=int, default=1200,
                    help="with --policies: a multi-edit session's starting history, in tokens")
@@ -48,7 +51,7 @@ def add_arguments(p) -> None:
                         "passes this (default: the runtime's)")
     p.add_argument("--auto-repair-threshold", type=float, default=None,
                    help="with --policies: auto repairs the tail when drift x attention passes this "
-                        "(default: the runtime's)")
+                        "(negative: never; default: the runtime's, never)")
     p.add_argument("--auto-repair-tail", type=int, default=None,
                    help="with --policies: rows auto's tail repair recomputes (default: the runtime's)")
     p.add_argument("--drift-budget", type=float, default=None, help="auto's budget (negative: none)")
@@ -70,12 +73,17 @@ def single_edit_sessions(cases: list[dict], k: int) -> list[EditSession]:
             for c in picked]
 
 
+def multi_edit_sessions(tok: ChatTokenizer, args) -> list[EditSession]:
+    """``--sessions`` agent-like sessions, seeds ``--session-seed`` on."""
+    return [build_session(tok, seed, edits=args.edits, start_tokens=args.session_tokens)
+            for seed in range(args.session_seed, args.session_seed + args.sessions)]
+
+
 def run(args, cases: list[dict]) -> dict:
     policies = check_policies([p.strip() for p in args.policies.split(",") if p.strip()])
     tok = ChatTokenizer.from_file(default_tokenizer_path())
     auto = auto_config(args)
-    multi = [build_session(tok, seed, edits=args.edits, start_tokens=args.session_tokens)
-             for seed in range(args.sessions)]
+    multi = multi_edit_sessions(tok, args)
     single = single_edit_sessions(cases, args.single_cases)
     names = [m.strip() for m in args.models.split(",") if m.strip()]
     jobs = [(name, policies, auto, single, multi, not args.no_suffix, torch.get_num_threads()) for name in names]
@@ -88,7 +96,8 @@ def run(args, cases: list[dict]) -> dict:
     infos = {name: info for name, (_, info, _) in zip(names, done)}
     verdict = targets(results)
     result = {"benchmark": NAME, "settings": {
-        "policies": policies, "models": list(results), "sessions": args.sessions, "edits": args.edits,
+        "policies": policies, "models": list(results), "sessions": args.sessions,
+        "session_seeds": list(range(args.session_seed, args.session_seed + args.sessions)), "edits": args.edits,
         "session_tokens": args.session_tokens,
         "single_cases": args.single_cases, "jobs": args.jobs, "whole_suffix": not args.no_suffix, "auto": vars(auto)},
         "runtimes": infos, "targets": verdict, "results": results,
@@ -160,7 +169,7 @@ def summarise(records: list[dict], policies: list[str], num_layers: int) -> dict
             "suffix_top1": _mean(cat("suffix_top1")), "choices": choices,
             "signal_median": median(cat("signals")), "attention_median": median(cat("attention")),
         }
-    out["forget_vs_fresh_max_jsd"] = max(r["forget_vs_fresh"]["max_jsd"] for r in records)
+    out["forget_vs_fresh_max_jsd"] = max((r["forget_vs_fresh"]["max_jsd"] for r in records), default=None)
     return out
 
 
@@ -253,7 +262,10 @@ def _markdown(results: dict, verdict: dict) -> str:
         for label in ("multi", "single"):
             block = r[label]
             n = len(block["sessions"])
-            what = (f"{n} agent-like sessions × {block['sessions'][0]['edits']} edits" if label == "multi"
+            if n == 0:
+                continue
+            names = ", ".join(s["name"] for s in block["sessions"])
+            what = (f"{n} agent-like sessions × {block['sessions'][0]['edits']} edits ({names})" if label == "multi"
                     else f"{n} single-edit cases")
             info = r.get("model", {})
             text += (f"\n\n## {model} ({info.get('type')}, {info.get('layers')} layers): {what}\n\n"
