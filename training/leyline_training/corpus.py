@@ -34,7 +34,7 @@ from leyline_sdk.protocol import Message
 from leyline_runtime import chat_template as tpl
 from leyline_runtime.model.default import DEFAULT_MODEL_DIR
 from leyline_runtime.tokenizer import ChatTokenizer
-from .drills import make_drill, token_echo
+from .drills import ECHO_PROMPT, make_drill
 from .transcripts import make_transcript
 
 SKIP_DIRS = {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__", "encodings",
@@ -142,6 +142,31 @@ def transcript_tokens(tok: ChatTokenizer, messages: list[Message]) -> tuple[list
         ids.extend(message_ids)
         cls.extend([CLS_CONTEXT] + [body_cls] * (len(message_ids) - 1))  # header, body, end marker
     return ids, cls
+
+
+def token_echo(tok: ChatTokenizer, seed: int, max_tokens: int) -> tuple[list[int], list[int]]:
+    """Ids and loss classes of an echo drill over random token ids (see :mod:`.drills`).
+
+    Rounds of 3-24 distinct ids, drawn from the tokenizer's ordinary tokens, until ``max_tokens``
+    would be passed (at least one round).
+    """
+    rng = random.Random(f"token-echo:{seed}")
+    ids, cls = transcript_tokens(tok, [Message(role="system", content=ECHO_PROMPT)])
+    user, assistant, end = (tok.token_id(t) for t in (tpl.ROLE_TOKENS["user"], tpl.ROLE_TOKENS["assistant"], tpl.END))
+    pool = ordinary_ids(tok)
+    rounds = 0
+    while True:
+        run = rng.sample(pool, rng.randint(3, 24))
+        if rounds and len(ids) + 2 * len(run) + 4 > max_tokens:
+            return ids, cls
+        ids += [user, *run, end, assistant, *run, end]
+        cls += [CLS_CONTEXT, *[CLS_NOISE] * len(run), CLS_CONTEXT, CLS_CONTEXT, *[CLS_ASSISTANT] * (len(run) + 1)]
+        rounds += 1
+
+
+def ordinary_ids(tok) -> list[int]:
+    """Ids that are neither special nor single bytes (whole pieces of text)."""
+    return [i for i in range(256, tok.vocab_size) if i not in tok.control_ids]
 
 
 # --------------------------------------------------------------------------- packing

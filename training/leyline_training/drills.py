@@ -14,7 +14,7 @@ what followed it) get a gradient on nearly every assistant token:
 Text drills alone did not teach copying (held-out echo top-1 stayed near 0.3 after 1.7M drill
 tokens): in text the same few tokens (``_``, ``-``, digits) recur, so "find the previous
 occurrence of this token and emit what followed" is ambiguous, and the circuit that does it
-gets little clean signal. :func:`token_echo` gives it that signal: the same chat frame, but
+gets little clean signal. :func:`.corpus.token_echo` gives it that signal: the same chat frame, but
 the user's text is a run of random distinct token ids, so a copy is the only way to predict
 the reply and every assistant token is unambiguous. Its user tokens are unpredictable by
 construction and carry no loss (class :data:`.corpus.CLS_NOISE`).
@@ -30,8 +30,6 @@ import random
 import string
 
 from leyline_sdk.protocol import FunctionCall, Message, ToolCall
-
-from leyline_runtime import chat_template as tpl
 
 from . import names as N
 from .tools import TOOLS, calculator
@@ -141,33 +139,6 @@ def drill_of_kind(kind: str, seed: int, split: str = "test") -> list[Message]:
 
 
 ECHO_PROMPT = "Repeat exactly what the user writes, nothing else."
-
-
-def token_echo(tok, seed: int, max_tokens: int) -> tuple[list[int], list[int]]:
-    """Ids and loss classes of an echo drill over random token ids (see the module docstring).
-
-    Rounds of 3-24 distinct ids, drawn from the tokenizer's ordinary tokens, until ``max_tokens``
-    would be passed (at least one round).
-    """
-    from .corpus import CLS_ASSISTANT, CLS_CONTEXT, CLS_NOISE, transcript_tokens
-
-    rng = random.Random(f"token-echo:{seed}")
-    ids, cls = transcript_tokens(tok, [Message(role="system", content=ECHO_PROMPT)])
-    user, assistant, end = (tok.token_id(t) for t in (tpl.ROLE_TOKENS["user"], tpl.ROLE_TOKENS["assistant"], tpl.END))
-    pool = ordinary_ids(tok)
-    rounds = 0
-    while True:
-        run = rng.sample(pool, rng.randint(3, 24))
-        if rounds and len(ids) + 2 * len(run) + 4 > max_tokens:
-            return ids, cls
-        ids += [user, *run, end, assistant, *run, end]
-        cls += [CLS_CONTEXT, *[CLS_NOISE] * len(run), CLS_CONTEXT, CLS_CONTEXT, *[CLS_ASSISTANT] * (len(run) + 1)]
-        rounds += 1
-
-
-def ordinary_ids(tok) -> list[int]:
-    """Ids that are neither special nor single bytes (whole pieces of text)."""
-    return [i for i in range(256, tok.vocab_size) if i not in tok.control_ids]
 
 
 def make_drill(seed: int, split: str = "train") -> list[Message]:
