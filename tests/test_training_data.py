@@ -332,8 +332,7 @@ def test_packer_mixes_drills_in_by_share(tok):
 
 
 def test_token_echo_replies_copy_random_user_runs_and_only_replies_carry_loss(tok):
-    from leyline_training.corpus import CLS_NOISE, loss_weights
-    from leyline_training.corpus import token_echo
+    from leyline_training.corpus import CLS_NOISE, loss_weights, token_echo
 
     user, assistant, end = (tok.token_id(t) for t in (tpl.ROLE_TOKENS["user"], tpl.ROLE_TOKENS["assistant"], tpl.END))
     for seed in range(20):

@@ -25,7 +25,7 @@ from leyline_sdk.protocol import Message
 
 from ..tokenizer import ChatTokenizer
 from .errors import error_response
-from .openai_errors import OpenAIErrorDetail
+from .openai_errors import OpenAIError, error_body
 
 MIB = 2**20
 
@@ -149,10 +149,9 @@ class _Refusal:
         (the rest of the body is not read)."""
         headers = {"Connection": "close"}
         if str(scope.get("path", "")).startswith("/v1/"):
-            detail = OpenAIErrorDetail(message=self.message, type="invalid_request_error", code=self.code)
-            return JSONResponse({"error": detail.model_dump()}, status_code=self.status, headers=headers)
+            status, body = error_body(OpenAIError(self.message, code=self.code, status=self.status))
+            return JSONResponse(body, status_code=status, headers=headers)
         return error_response(self.status, self.code, self.message, headers=headers)
-
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:

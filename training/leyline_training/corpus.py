@@ -164,9 +164,10 @@ def token_echo(tok: ChatTokenizer, seed: int, max_tokens: int) -> tuple[list[int
         rounds += 1
 
 
-def ordinary_ids(tok) -> list[int]:
-    """Ids that are neither special nor single bytes (whole pieces of text)."""
-    return [i for i in range(256, tok.vocab_size) if i not in tok.control_ids]
+@functools.lru_cache(maxsize=2)
+def ordinary_ids(tok: ChatTokenizer) -> tuple[int, ...]:
+    """Ids that are neither special nor single bytes (whole pieces of text); once per tokenizer."""
+    return tuple(i for i in range(256, tok.vocab_size) if i not in tok.control_ids)
 
 
 # --------------------------------------------------------------------------- packing
