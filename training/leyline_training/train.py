@@ -91,7 +91,11 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
 
 def weighted_loss(model: DeepseekForCausalLM, tokens: torch.Tensor, weights: torch.Tensor,
                   autocast_dtype: torch.dtype | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(weighted mean CE for the gradient, plain mean CE for the log)."""
+    """(weighted mean CE for the gradient, plain mean CE over the scored targets for the log).
+
+    Targets of weight 0 (token-echo drills' random user ids) are left out of the logged mean: their
+    CE stays near log(vocab) by construction and would hide what the model learns.
+    """
     x, y = tokens[:, :-1], tokens[:, 1:]
     if autocast_dtype is not None:
         with torch.autocast("cpu", dtype=autocast_dtype):
@@ -100,7 +104,8 @@ def weighted_loss(model: DeepseekForCausalLM, tokens: torch.Tensor, weights: tor
         logits = model(x)
     ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="none")
     w = weights.reshape(-1)
-    return (ce * w).sum() / w.sum(), ce.mean().detach()
+    scored = w > 0
+    return (ce * w).sum() / w.sum(), ce[scored].mean().detach()
 
 
 class DataStream:
