@@ -365,6 +365,31 @@ def test_packer_mixes_token_echo_in_by_share(tok):
     assert np.array_equal(mixed.tokens, again.tokens)
 
 
+def test_wide_split_names_entities_with_made_up_words_only():
+    wide, pool = set(N.nouns("wide")), set(N.nouns("train")) | set(N.nouns("test"))
+    assert len(wide) == 4000 and not wide & pool
+    for seed in range(20):
+        w = make_world(str(seed), "wide")
+        for name in w.services:
+            assert name.split("-")[0] in wide
+        for key in w.kv:
+            assert key.split(".")[0].split("_")[0] in wide
+    for seed in range(40):  # every kind still builds, and its worked answer checks
+        t = make_transcript(seed, "wide")
+        assert t.tasks[-1].check(t.messages[-1].content), (t.tasks[-1].kind, t.tasks[-1].expected)
+
+
+def test_packer_mixes_wide_names_in_by_share(tok):
+    kw = {"seed": 5, "transcript_share": 0.95, "drill_share": 0.3, "order_share": 0.25}
+    plain = Packer(tok, **kw).shard(0, 1024)
+    assert np.array_equal(plain.tokens, Packer(tok, **kw, wide_share=0.0).shard(0, 1024).tokens)
+    mixed = Packer(tok, **kw, wide_share=0.6).shard(0, 1024)
+    assert np.array_equal(mixed.tokens, Packer(tok, **kw, wide_share=0.6).shard(0, 1024).tokens)
+    text = " ".join(tok.decode(row.tolist()) for row in mixed.tokens)
+    made_up = sum(f" {w}" in text or f"/{w}" in text for w in N.nouns("wide"))
+    assert made_up >= 20, made_up
+
+
 def test_train_init_from_starts_at_those_weights_and_saves_bf16(tmp_path):
     import torch
     from safetensors import safe_open

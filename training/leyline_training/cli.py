@@ -46,6 +46,10 @@ def add_train_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--token-echo-share", type=float, default=0.0,
                     help="fraction of the conversations that are echo drills over random token ids: the clean "
                          "copying signal text drills lack (0 reproduces the shipped model's data)")
+    ap.add_argument("--wide-share", type=float, default=0.0,
+                    help="fraction of the tasks and drills whose entities have made-up names from a 4,000-word "
+                         "pool (too many to memorise: names must be copied from the context); 0 reproduces "
+                         "the shipped model's data")
     add_layout_arguments(ap)
     ap.add_argument("--curriculum", default="1024:0.4",
                     help="shorter rows first: LEN:FRACTION[,...] of the budget, then --seq-len ('' = none)")

@@ -190,8 +190,10 @@ class Packer:
 
     def __init__(self, tok: ChatTokenizer, *, seed: int = 0, rows_per_shard: int = 64,
                  transcript_share: float = 0.7, split: str = "train", drill_share: float = 0.0,
-                 order_share: float = 0.0, api_share: float = 0.0, token_echo_share: float = 0.0):
+                 order_share: float = 0.0, api_share: float = 0.0, token_echo_share: float = 0.0,
+                 wide_share: float = 0.0):
         self.tok = tok
+        self.wide_share = wide_share  # of the tasks and drills: the "wide" split's made-up entity names
         self.token_echo_share = token_echo_share  # of the conversations: echo drills over random token ids
         self.layout = {"order_share": order_share, "api_share": api_share}  # see transcripts.RECIPE_*
         self.drill_share = drill_share  # of the conversations: copy/recall drills (.drills) instead of tasks
@@ -224,8 +226,10 @@ class Packer:
                 if self.token_echo_share and pick.random() < self.token_echo_share:
                     ids, cls = token_echo(tok, seed, min(width - 1, 256))
                 else:
-                    messages = (make_drill(seed, self.split) if drill
-                                else make_transcript(seed, self.split, **self.layout).messages)
+                    # drawn last, so a recipe without --wide-share gets the same data as before
+                    split = "wide" if self.wide_share and pick.random() < self.wide_share else self.split
+                    messages = (make_drill(seed, split) if drill
+                                else make_transcript(seed, split, **self.layout).messages)
                     ids, cls = transcript_tokens(tok, messages)
                 ids, cls = ids + [self.eot], cls + [CLS_CONTEXT]
                 if len(ids) <= width:

@@ -44,9 +44,28 @@ def _is_test_word(word: str) -> bool:
     return zlib.crc32(word.encode()) % _TEST_MOD == 0
 
 
+def _pseudo_words(n: int) -> list[str]:
+    """``n`` pronounceable made-up words (2-3 syllables), none of them a pool noun: seeded, stable."""
+    import random
+
+    rng = random.Random("wide-nouns")
+    onsets, vowels, codas = "bdfgklmnprstvz", "aeiou", ["", "", "n", "r", "l", "s", "k"]
+    taken, words = set(_NOUNS), []
+    while len(words) < n:
+        word = "".join(rng.choice(onsets) + rng.choice(vowels) + rng.choice(codas)
+                       for _ in range(rng.choice([2, 2, 3])))
+        if word not in taken:
+            taken.add(word)
+            words.append(word)
+    return words
+
+
 NOUNS = {
     "train": sorted(w for w in set(_NOUNS) if not _is_test_word(w)),
     "test": sorted(w for w in set(_NOUNS) if _is_test_word(w)),
+    # Training-side only: a pool too large to memorise, so a name can only be got right by copying it
+    # from the prompt or a tool result (the train pool's 200 nouns are learnt as the only names).
+    "wide": _pseudo_words(4000),
 }
 
 # Shared, non-entity vocabulary (suffixes, attributes, verbs): the same in both splits.
@@ -65,5 +84,5 @@ TEST_CASES = ["basic", "zero", "large", "negative", "small", "mixed", "edge", "i
 
 def nouns(split: str) -> list[str]:
     if split not in NOUNS:
-        raise ValueError(f"split must be 'train' or 'test', not {split!r}")
+        raise ValueError(f"split must be one of {sorted(NOUNS)}, not {split!r}")
     return NOUNS[split]

@@ -8,8 +8,9 @@ Solutions include what agents really do and what Leyline edits: failed calls
 with error outputs followed by a corrected retry, long file reads and test
 logs, 1-4 tool rounds (a few more with retries), parallel calls.
 
-Everything is a pure function of ``(seed, split)``. The two splits use
-disjoint seed namespaces *and* disjoint entity-name pools (:mod:`.names`).
+Everything is a pure function of ``(seed, split)``. The train and test splits
+use disjoint seed namespaces *and* disjoint entity-name pools (:mod:`.names`);
+the train-side "wide" split names its entities with made-up words.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from . import names as N
 from .tools import ORDER_TOOLS, TOOLS, calculator, execute, execute_test_file
 from .world import World, make_world
 
-SPLITS = ("train", "test")
+SPLITS = ("train", "test", "wide")  # "wide": train-side, made-up entity names (.names)
 
 SYSTEM_PROMPT = (
     "You are a careful agent working in a software repository. Use the tools to look things up, "
