@@ -23,3 +23,14 @@ def agent_history(long_output_lines: int = 30) -> list[Message]:
                                                                  '{"expression": "8080 + 17"}')]),
         Message(role="tool", content="8097", tool_call_id="c4"),
     ]
+
+
+def fp32_diff(a, b) -> float:
+    """Max |a - b| in units of the larger magnitude in either (at least 1).
+
+    The same fp32 sums in another order (chunked vs whole prefill, batched vs solo decode) differ by a
+    few ulps of the values summed, so the bound scales with them: a sharper model has larger logits
+    and latent rows, and the same relative error is a larger absolute one.
+    """
+    scale = max(1.0, a.abs().max().item(), b.abs().max().item())
+    return (a - b).abs().max().item() / scale

@@ -13,7 +13,7 @@ from leyline_sdk import auto_policy, force_mode
 from leyline_sdk.policy import EditContext
 from leyline_sdk.protocol import Directive, DirectiveBatch, Message, SessionCreate, Span
 
-from helpers import agent_history
+from helpers import agent_history, fp32_diff
 
 T = "__auto__"
 INF = math.inf
@@ -53,7 +53,7 @@ def max_diff(a, b) -> float:
 def equals_fresh_prefill(rt, s) -> bool:
     fresh = session(rt, s.messages)
     assert fresh.tokens == s.tokens
-    return max_diff(rows(rt, s), rows(rt, fresh)) <= 1e-5
+    return fp32_diff(rows(rt, s), rows(rt, fresh)) <= 2e-6
 
 
 def drop_failed_attempt(mode):

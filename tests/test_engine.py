@@ -8,7 +8,7 @@ from leyline_sdk.protocol import GenerateRequest, SessionCreate
 from leyline_runtime.kv_cache import BlockPool, BlockTable, ensure_capacity
 from leyline_runtime.runtime import Runtime, RuntimeConfig
 
-from helpers import agent_history
+from helpers import agent_history, fp32_diff
 
 
 @pytest.fixture(scope="module")
@@ -30,8 +30,10 @@ def test_chunked_prefill_and_decode_equal_forward(rt, chunk):
     finally:
         rt.engine.prefill_chunk = 2048
         rt.pool.free(table.blocks)
-    assert (prefix - full[:250]).abs().max().item() <= 1e-4
-    assert (torch.stack(steps) - full[250:]).abs().max().item() <= 1e-4
+    # one-token steps take the decode attention path (other sums, other order): seen up to 1.1e-5 of
+    # the logits' size with two threads; a wrong row or position is off by O(1)
+    assert fp32_diff(prefix, full[:250]) <= 3e-5
+    assert fp32_diff(torch.stack(steps), full[250:]) <= 3e-5
 
 
 def test_generation_is_seeded_and_reports_logprobs(rt):
