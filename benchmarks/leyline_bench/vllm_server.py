@@ -56,6 +56,10 @@ def serve_command(model: str | Path, port: int, *, dtype: str, max_model_len: in
     if vllm_on_cpu():
         # vLLM's CPU rotary op rotates 3-D queries wrongly; eager mode skips a slow compile on small CPUs.
         cmd += ["-cc", json.dumps({"custom_ops": ["all", "-rotary_embedding"]}), "--enforce-eager"]
+        if has_amx():
+            # AMX_MLA takes blocks of any multiple of 32 and defaults to 128 here: 32 lets the short
+            # agent histories of the tests and benches span several blocks (prefix reuse + rotation)
+            cmd += ["--block-size", "32"]
     return cmd + list(extra or [])
 
 
