@@ -93,18 +93,21 @@ def test_check_matches_whole_values_only():
     assert not task.check(f"The result is 1{value}.")
 
 
+def assert_entities_named_from(world, pool: set[str]) -> None:
+    for name in world.services:
+        assert name.split("-")[0] in pool
+    for mod in world.modules.values():
+        assert mod.name.split("_")[0] in pool
+    for key in world.kv:
+        assert key.split(".")[0].split("_")[0] in pool
+
+
 def test_splits_are_disjoint():
     train, test = set(N.nouns("train")), set(N.nouns("test"))
     assert train and test and not train & test
     assert len(test) >= 40
     for seed in range(40):
-        w = make_world(str(seed), "test")
-        for name in w.services:
-            assert name.split("-")[0] in test
-        for mod in w.modules.values():
-            assert mod.name.split("_")[0] in test
-        for key in w.kv:
-            assert key.split(".")[0].split("_")[0] in test
+        assert_entities_named_from(make_world(str(seed), "test"), test)
     # the same seed gives different tasks in the two splits
     assert make_task(5, "train").messages[-1].content != make_task(5, "test").messages[-1].content
     with pytest.raises(ValueError):
@@ -369,11 +372,7 @@ def test_wide_split_names_entities_with_made_up_words_only():
     wide, pool = set(N.nouns("wide")), set(N.nouns("train")) | set(N.nouns("test"))
     assert len(wide) == 4000 and not wide & pool
     for seed in range(20):
-        w = make_world(str(seed), "wide")
-        for name in w.services:
-            assert name.split("-")[0] in wide
-        for key in w.kv:
-            assert key.split(".")[0].split("_")[0] in wide
+        assert_entities_named_from(make_world(str(seed), "wide"), wide)
     for seed in range(40):  # every kind still builds, and its worked answer checks
         t = make_transcript(seed, "wide")
         assert t.tasks[-1].check(t.messages[-1].content), (t.tasks[-1].kind, t.tasks[-1].expected)

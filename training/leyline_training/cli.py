@@ -17,10 +17,10 @@ EVALUATE_HELP = ("held-out perplexity (vs the seeded random model) and agent-loo
 def add_layout_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--order-share", type=float, default=0.0,
                     help="fraction of the tasks that are 'order' tasks (read a config and a price list, compute "
-                         "a total: examples/langgraph_agent.py's kind of task); 0 reproduces the shipped model's data")
+                         "a total: examples/langgraph_agent.py's kind of task; default 0: none)")
     ap.add_argument("--api-share", type=float, default=0.0,
                     help="fraction of the other tasks whose prompt starts the way API requests do (tools message, "
-                         "then the system prompt); 0 reproduces the shipped model's data")
+                         "then the system prompt; default 0: none)")
 
 
 def add_train_arguments(ap: argparse.ArgumentParser) -> None:
@@ -45,11 +45,10 @@ def add_train_arguments(ap: argparse.ArgumentParser) -> None:
                     help="fraction of the conversations that are copy/recall drills instead of agent tasks")
     ap.add_argument("--token-echo-share", type=float, default=0.0,
                     help="fraction of the conversations that are echo drills over random token ids: the clean "
-                         "copying signal text drills lack (0 reproduces the shipped model's data)")
+                         "copying signal text drills lack (default 0: none)")
     ap.add_argument("--wide-share", type=float, default=0.0,
                     help="fraction of the tasks and drills whose entities have made-up names from a 4,000-word "
-                         "pool (too many to memorise: names must be copied from the context); 0 reproduces "
-                         "the shipped model's data")
+                         "pool, too many to memorise: names must be copied from the context (default 0: none)")
     add_layout_arguments(ap)
     ap.add_argument("--curriculum", default="1024:0.4",
                     help="shorter rows first: LEN:FRACTION[,...] of the budget, then --seq-len ('' = none)")

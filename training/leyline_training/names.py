@@ -8,6 +8,7 @@ hash of the word (crc32), not Python's salted ``hash``.
 
 from __future__ import annotations
 
+import random
 import zlib
 
 _NOUNS = [
@@ -46,8 +47,6 @@ def _is_test_word(word: str) -> bool:
 
 def _pseudo_words(n: int) -> list[str]:
     """``n`` pronounceable made-up words (2-3 syllables), none of them a pool noun: seeded, stable."""
-    import random
-
     rng = random.Random("wide-nouns")
     onsets, vowels, codas = "bdfgklmnprstvz", "aeiou", ["", "", "n", "r", "l", "s", "k"]
     taken, words = set(_NOUNS), []
