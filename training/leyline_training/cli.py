@@ -49,6 +49,9 @@ def add_train_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--wide-share", type=float, default=0.0,
                     help="fraction of the tasks and drills whose entities have made-up names from a 4,000-word "
                          "pool, too many to memorise: names must be copied from the context (default 0: none)")
+    ap.add_argument("--english-share", type=float, default=0.0,
+                    help="fraction of the tasks and drills whose entities have real English names from a "
+                         "2,997-word list (drawn with --wide-share's die: the two shares add; default 0: none)")
     add_layout_arguments(ap)
     ap.add_argument("--curriculum", default="1024:0.4",
                     help="shorter rows first: LEN:FRACTION[,...] of the budget, then --seq-len ('' = none)")

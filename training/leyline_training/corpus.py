@@ -191,9 +191,10 @@ class Packer:
     def __init__(self, tok: ChatTokenizer, *, seed: int = 0, rows_per_shard: int = 64,
                  transcript_share: float = 0.7, split: str = "train", drill_share: float = 0.0,
                  order_share: float = 0.0, api_share: float = 0.0, token_echo_share: float = 0.0,
-                 wide_share: float = 0.0):
+                 wide_share: float = 0.0, english_share: float = 0.0):
         self.tok = tok
         self.wide_share = wide_share  # of the tasks and drills: the "wide" split's made-up entity names
+        self.english_share = english_share  # of the tasks and drills: the "english" split's real-word names
         self.token_echo_share = token_echo_share  # of the conversations: echo drills over random token ids
         self.layout = {"order_share": order_share, "api_share": api_share}  # see transcripts.RECIPE_*
         self.drill_share = drill_share  # of the conversations: copy/recall drills (.drills) instead of tasks
@@ -202,6 +203,16 @@ class Packer:
         self.transcript_share = transcript_share
         self.split = split
         self.eot = tok.token_id(tpl.END_OF_TEXT)
+
+    def _split(self, pick: random.Random) -> str:
+        """The split of a task or drill. One die for both name pools, drawn last and only when one
+        is asked for, so a recipe without them gets the same data as before."""
+        if not (self.wide_share or self.english_share):
+            return self.split
+        roll = pick.random()
+        if roll < self.wide_share:
+            return "wide"
+        return "english" if roll < self.wide_share + self.english_share else self.split
 
     def shard(self, index: int, seq_len: int) -> Shard:
         width = seq_len + 1
@@ -226,8 +237,7 @@ class Packer:
                 if self.token_echo_share and pick.random() < self.token_echo_share:
                     ids, cls = token_echo(tok, seed, min(width - 1, 256))
                 else:
-                    # drawn last, so a recipe without --wide-share gets the same data as before
-                    split = "wide" if self.wide_share and pick.random() < self.wide_share else self.split
+                    split = self._split(pick)
                     messages = (make_drill(seed, split) if drill
                                 else make_transcript(seed, split, **self.layout).messages)
                     ids, cls = transcript_tokens(tok, messages)

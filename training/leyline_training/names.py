@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 import zlib
+from pathlib import Path
 
 _NOUNS = [
     "acorn", "alder", "amber", "anchor", "anvil", "apex", "arbor", "arcade", "archer", "argon", "arrow",
@@ -59,12 +60,20 @@ def _pseudo_words(n: int) -> list[str]:
     return words
 
 
+def _english_words() -> list[str]:
+    """2,997 real English words, disjoint from the other pools (made by :mod:`.english_words`)."""
+    return Path(__file__).with_name("english_words.txt").read_text().split()
+
+
 NOUNS = {
     "train": sorted(w for w in set(_NOUNS) if not _is_test_word(w)),
     "test": sorted(w for w in set(_NOUNS) if _is_test_word(w)),
     # Training-side only: a pool too large to memorise, so a name can only be got right by copying it
     # from the prompt or a tool result (the train pool's 200 nouns are learnt as the only names).
     "wide": _pseudo_words(4000),
+    # Training-side only: real words, too many to memorise, spelt like the held-out nouns (the made-up
+    # words' syllables alone taught the model to write syllables of that kind instead of copying).
+    "english": _english_words(),
 }
 
 # Shared, non-entity vocabulary (suffixes, attributes, verbs): the same in both splits.

@@ -10,7 +10,8 @@ logs, 1-4 tool rounds (a few more with retries), parallel calls.
 
 Everything is a pure function of ``(seed, split)``. The train and test splits
 use disjoint seed namespaces *and* disjoint entity-name pools (:mod:`.names`);
-the train-side "wide" split names its entities with made-up words.
+the train-side "wide" and "english" splits name their entities with made-up words and
+with real words from a 2,997-word list.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from . import names as N
 from .tools import ORDER_TOOLS, TOOLS, calculator, execute, execute_test_file
 from .world import World, make_world
 
-SPLITS = ("train", "test", "wide")  # "wide": train-side, made-up entity names (.names)
+SPLITS = ("train", "test", "wide", "english")  # "wide"/"english": train-side, unmemorisable names (.names)
 
 SYSTEM_PROMPT = (
     "You are a careful agent working in a software repository. Use the tools to look things up, "
