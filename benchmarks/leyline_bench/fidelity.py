@@ -167,7 +167,7 @@ def _markdown(summary: dict, rows: list[dict]) -> str:
     text += "\n\nReasons: " + (", ".join(f"{k}: {v}" for k, v in reasons.items()) or "none")
     text += (f"\n\nSelf-agreement (target ignored: F's first {IMPLICIT_TOKENS} greedy tokens equal R's): "
              f"{selfa['admitted']} of {len(rows)} cases; L keeps R's tokens in "
-             f"{fmt(selfa['l_preservation'])} of them.")
+             f"{selfa['l_preservation']:.1%} of them.")
     stress = [r for r in rows if r.get("expected_delta") is not None]
     if stress:
         text += "\n\n## Position stress: measured δ\n\n" + md_table(
