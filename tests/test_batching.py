@@ -10,7 +10,7 @@ import torch
 from leyline_sdk.protocol import GenerateRequest, Message, SessionCreate
 from leyline_runtime.runtime import Runtime, RuntimeConfig
 
-from helpers import agent_history
+from helpers import agent_history, fp32_diff
 
 SESSIONS = 16
 
@@ -74,9 +74,11 @@ def test_batched_greedy_tokens_and_logprobs_equal_solo(rt, monkeypatch):
         lp_x = torch.tensor([[t.logprob] + [p.logprob for p in t.top_logprobs] for t in x.logprobs])
         lp_y = torch.tensor([[t.logprob] + [p.logprob for p in t.top_logprobs] for t in y.logprobs])
         # The same fp32 sums in another order: log-softmax errors scale with the logits' spread, which
-        # the step's largest top logprob shows (a sampled -0.92 came 1.3e-5 apart beside a top-5 of -14)
+        # the step's largest top logprob shows (a sampled -0.92 came 1.3e-5 apart beside a top-5 of -14;
+        # on the sharper current model a top-5 of -4.8 came 7.3e-5 apart: 1.5e-5 of it). Which steps
+        # share a batch depends on thread timing, so the bound keeps 2x room over the worst seen.
         scale = lp_x.abs().amax(dim=1).clamp(min=1.0)
-        assert ((lp_x - lp_y).abs().amax(dim=1) / scale).max().item() <= 1e-5
+        assert ((lp_x - lp_y).abs().amax(dim=1) / scale).max().item() <= 3e-5
     for sid in solo_ids + batched_ids:
         rt.delete_session(sid)
 
@@ -106,7 +108,7 @@ def test_gathered_decode_attention_equals_reading_rows_in_place(rt, monkeypatch)
         monkeypatch.setattr(batch, "MAX_DECODE_GATHER_ROWS", 0)
         in_place, b = logits()
         assert gathered and not in_place
-        assert (a - b).abs().max().item() <= 1e-5
+        assert fp32_diff(a, b) <= 1e-5
     finally:
         for t in tables:
             pool.free(t.blocks)
