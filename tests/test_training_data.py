@@ -423,3 +423,56 @@ def test_train_init_from_starts_at_those_weights_and_saves_bf16(tmp_path):
     start_w, trained_w = start.state_dict()[w], trained.state_dict()[w]
     assert torch.allclose(trained_w, start_w, rtol=1e-2, atol=1e-3)  # bf16 rounding of a 1e-9 step
     assert not torch.allclose(fresh.state_dict()[w], start_w, rtol=1e-2, atol=1e-3)
+
+
+def test_custom_tool_tasks_copy_request_values_into_a_valid_call_of_an_offered_tool():
+    import re
+
+    families, choices, scripts = set(), set(), set()
+    for seed in range(80):
+        for split in ("train", "test"):
+            tr = make_transcript(seed, split, "custom_tool")
+            task = tr.task
+            call_msg, result_msg, answer = tr.messages[-3:]
+            assert task.kind == "custom_tool" and tr.messages[:-3] == task.messages
+            (call,) = call_msg.tool_calls
+            offered = [t["function"]["name"] for t in task.tools]
+            assert call.function.name in offered and len(set(offered)) == len(offered)
+            assert validate_call(call.function.name, call.function.arguments, task.tools) is None
+            args = json.loads(call.function.arguments)
+            props = next(t for t in task.tools if t["function"]["name"] == call.function.name)["function"]
+            for key, value in args.items():  # integers are integers; the value the call needs is in the request
+                assert isinstance(value, int) == (props["parameters"]["properties"][key]["type"] == "integer")
+                if key != "description":
+                    assert str(value) in task.messages[-1].content, (value, task.messages[-1].content)
+            assert "\\u" not in call.function.arguments  # non-ASCII names are written as themselves
+            # the world runs the tool: the transcript's result, and the answer quotes what the check wants
+            assert execute(task.world, call.function.name, call.function.arguments) == result_msg.content
+            assert task.check(answer.content) and not task.check("no idea")
+            assert execute(task.world, call.function.name, "{}").startswith("Error: TypeError")
+            head = task.messages[0].content
+            choices.add("named" if "Call the tool" in head else "required" if "Call one of" in head else "auto")
+            families.add(re.sub(r"_.*", "", call.function.name) if "function" not in call.function.name else "fn")
+            scripts.add(any(ord(ch) > 0x3000 for ch in call.function.arguments))
+        assert make_transcript(seed, "train", "custom_tool").messages == make_transcript(
+            seed, "train", "custom_tool").messages
+    assert choices == {"auto", "required", "named"} and scripts == {True, False} and len(families) >= 5
+
+
+def test_custom_tool_share_draws_only_when_asked_for():
+    for seed in SEEDS:
+        plain = make_transcript(seed, "train", order_share=0.2, api_share=0.3)
+        assert plain.messages == make_transcript(seed, "train", order_share=0.2, api_share=0.3,
+                                                 custom_tool_share=0.0).messages
+    kinds = [make_transcript(s, "train", custom_tool_share=0.5).task.kind for s in SEEDS]
+    assert 0.3 < kinds.count("custom_tool") / len(kinds) < 0.7
+
+
+def test_agent_eval_runs_custom_tool_tasks_with_their_own_tools():
+    lookup = {}
+    for s in range(12):
+        tr = make_transcript(s, "test", custom_tool_share=1.0)
+        lookup[tr.task.messages[-1].content] = tr.messages[len(tr.task.messages):]
+    result = run_agent_eval(oracle_generate(lookup), 12, custom_tool_share=1.0)
+    assert result["task_success_rate"] == 1.0 and result["well_formed_tool_call_rate"] == 1.0
+    assert set(result["by_kind"]) == {"custom_tool"}

@@ -21,6 +21,10 @@ def add_layout_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--api-share", type=float, default=0.0,
                     help="fraction of the other tasks whose prompt starts the way API requests do (tools message, "
                          "then the system prompt; default 0: none)")
+    ap.add_argument("--custom-tool-share", type=float, default=0.0,
+                    help="fraction of the tasks that offer the caller's own tools, never seen before (a number "
+                         "function, a create or lookup call; values copied from the request, names in Latin or "
+                         "CJK script; sometimes forced with tool_choice; default 0: none)")
 
 
 def add_train_arguments(ap: argparse.ArgumentParser) -> None:

@@ -191,12 +191,13 @@ class Packer:
     def __init__(self, tok: ChatTokenizer, *, seed: int = 0, rows_per_shard: int = 64,
                  transcript_share: float = 0.7, split: str = "train", drill_share: float = 0.0,
                  order_share: float = 0.0, api_share: float = 0.0, token_echo_share: float = 0.0,
-                 wide_share: float = 0.0, english_share: float = 0.0):
+                 wide_share: float = 0.0, english_share: float = 0.0, custom_tool_share: float = 0.0):
         self.tok = tok
         self.wide_share = wide_share  # of the tasks and drills: the "wide" split's made-up entity names
         self.english_share = english_share  # of the tasks and drills: the "english" split's real-word names
         self.token_echo_share = token_echo_share  # of the conversations: echo drills over random token ids
-        self.layout = {"order_share": order_share, "api_share": api_share}  # see transcripts.RECIPE_*
+        self.layout = {"order_share": order_share, "api_share": api_share,  # see transcripts.RECIPE_*
+                       "custom_tool_share": custom_tool_share}
         self.drill_share = drill_share  # of the conversations: copy/recall drills (.drills) instead of tasks
         self.seed = seed
         self.rows_per_shard = rows_per_shard

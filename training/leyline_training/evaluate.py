@@ -158,11 +158,13 @@ def run_task(task: Task, generate: Generate, max_turns: int = 8) -> dict:
 
 def run_agent_eval(generate: Generate, n_tasks: int = 200, max_turns: int = 8, start: int = 0,
                    split: str = "test", progress: Callable[[str], None] | None = None,
-                   order_share: float = 0.0, api_share: float = 0.0) -> dict:
+                   order_share: float = 0.0, api_share: float = 0.0, custom_tool_share: float = 0.0) -> dict:
     records = []
     t0 = time.time()
     for i, seed in enumerate(range(start, start + n_tasks)):
-        rec = run_task(make_task(seed, split, order_share=order_share, api_share=api_share), generate, max_turns)
+        task = make_task(seed, split, order_share=order_share, api_share=api_share,
+                         custom_tool_share=custom_tool_share)
+        rec = run_task(task, generate, max_turns)
         records.append(rec)
         if progress and ((i + 1) % 10 == 0 or i + 1 == n_tasks):
             ok = sum(r["success"] for r in records)
@@ -291,7 +293,8 @@ def run(args: argparse.Namespace) -> dict:
         gen = RuntimeGenerator(runtime, max_tokens=args.max_tokens, constrained=args.constrained)
         result["constrained"] = args.constrained
         agent = run_agent_eval(gen, args.tasks, args.max_turns, args.start, progress=log,
-                               order_share=args.order_share, api_share=args.api_share)
+                               order_share=args.order_share, api_share=args.api_share,
+                               custom_tool_share=args.custom_tool_share)
         gen.close()
         if not args.records:
             agent.pop("records")

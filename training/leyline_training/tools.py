@@ -286,6 +286,14 @@ def validate_call(name: str, arguments: Any, tools: list[dict] | None = None) ->
 
 
 def execute(world: World, name: str, arguments: dict | str) -> str:
+    if name in world.custom_tools:  # a "custom_tool" task's own tool (.custom_tools) checks its arguments
+        try:
+            parsed = json.loads(arguments or "{}") if isinstance(arguments, str) else arguments
+        except json.JSONDecodeError as exc:
+            return f"Error: ValueError: arguments are not valid JSON ({exc.msg})"
+        if not isinstance(parsed, dict):
+            return "Error: ValueError: arguments must be a JSON object"
+        return world.custom_tools[name](parsed)
     problem = validate_call(name, arguments)
     if problem is not None:
         kind = "ValueError" if "JSON" in problem or "object" in problem else "TypeError"

@@ -146,7 +146,7 @@ def train(out_dir: str | Path, *, minutes: float = 70.0, seq_len: int = 2048, ba
           export: str | Path | None = None, eval_transcripts: int = 32, rows_per_shard: int = 64,
           init_from: str | Path | None = None, drill_share: float = 0.0, order_share: float = 0.0,
           api_share: float = 0.0, token_echo_share: float = 0.0, wide_share: float = 0.0, english_share: float = 0.0,
-          log=print) -> dict:
+          custom_tool_share: float = 0.0, log=print) -> dict:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     if threads:
@@ -183,7 +183,7 @@ def train(out_dir: str | Path, *, minutes: float = 70.0, seq_len: int = 2048, ba
     packer = Packer(tok, seed=seed, rows_per_shard=rows_per_shard, transcript_share=transcript_share,
                     drill_share=drill_share, order_share=order_share, api_share=api_share,
                     token_echo_share=token_echo_share, wide_share=wide_share,
-                    english_share=english_share)
+                    english_share=english_share, custom_tool_share=custom_tool_share)
     stream = DataStream(packer, *(state["data"] if state else (0, 0)))
     step = state["step"] if state else 0
     tokens_seen = state["tokens"] if state else 0
@@ -267,7 +267,7 @@ def train(out_dir: str | Path, *, minutes: float = 70.0, seq_len: int = 2048, ba
                "init_from": str(init_from) if init_from else None, "assistant_weight": assistant_weight,
                "transcript_share": transcript_share, "drill_share": drill_share,
                "order_share": order_share, "api_share": api_share, "token_echo_share": token_echo_share,
-               "wide_share": wide_share, "english_share": english_share,
+               "wide_share": wide_share, "english_share": english_share, "custom_tool_share": custom_tool_share,
                "data_position": [stream.shard_index, stream.row],
                "packed_tokens_this_process": {"transcripts": stream.transcript_tokens, "stdlib": stream.text_tokens},
                "last_loss": history[-1]["loss"] if history else None,
@@ -310,7 +310,7 @@ def run(args: argparse.Namespace) -> dict:
                  export=args.export, eval_transcripts=args.eval_transcripts, init_from=args.init_from,
                  drill_share=args.drill_share, order_share=args.order_share, api_share=args.api_share,
                  token_echo_share=args.token_echo_share, wide_share=args.wide_share,
-                 english_share=args.english_share)
+                 english_share=args.english_share, custom_tool_share=args.custom_tool_share)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,8 @@ logs, 1-4 tool rounds (a few more with retries), parallel calls.
 Everything is a pure function of ``(seed, split)``. The train and test splits
 use disjoint seed namespaces *and* disjoint entity-name pools (:mod:`.names`);
 the train-side "wide" and "english" splits name their entities with made-up words and
-with real words from a 2,997-word list.
+with real words from a 2,997-word list. "custom_tool" tasks (:mod:`.custom_tools`, opt-in)
+offer the caller's own tools instead of the repository's.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from leyline_sdk.protocol import FunctionCall, Message, ToolCall
 from leyline_runtime.chat_template import render_tools
 from leyline_sdk.tools_prompt import tools_message
 from . import names as N
+from .custom_tools import make_custom_tool_task
 from .tools import ORDER_TOOLS, TOOLS, calculator, execute, execute_test_file
 from .world import World, make_world
 
@@ -633,6 +635,16 @@ def _order_transcript(rng: random.Random, world: World, split: str, seed: int) -
     return Transcript(tasks=[task], messages=play.messages)
 
 
+def _custom_tool_transcript(rng: random.Random, world: World, split: str, seed: int) -> Transcript:
+    """A "custom_tool" task (:mod:`.custom_tools`): the caller's own tool, run by the world."""
+    made = make_custom_tool_task(rng, split)
+    world.custom_tools.update({t.name: t.run for t in made.tools})
+    task = Task(task_id=f"{split}-{seed}", split=split, kind="custom_tool", messages=list(made.messages),
+                tools=[t.spec for t in made.tools], world=world, expected=made.expected,
+                required=[(made.expected,)])
+    return Transcript(tasks=[task], messages=made.messages + made.solution)
+
+
 KINDS: dict[str, tuple[float, Callable[[random.Random, World, str], Spec | None]]] = {
     "calc": (13, _kind_calc),
     "div_zero": (2, _kind_div_zero),
@@ -674,7 +686,7 @@ def _chars(messages: list[Message]) -> int:
 
 
 def make_transcript(seed: int, split: str = "train", kind: str | None = None, *, order_share: float = 0.0,
-                    api_share: float = 0.0) -> Transcript:
+                    api_share: float = 0.0, custom_tool_share: float = 0.0) -> Transcript:
     """One task and its worked solution; a pure function of ``(seed, split, kind)``.
 
     About a third of the transcripts go on with one or two follow-up tasks in
@@ -688,6 +700,9 @@ def make_transcript(seed: int, split: str = "train", kind: str | None = None, *,
     layout = random.Random(f"layout:{split}:{seed}")
     if kind == "order" or (kind is None and layout.random() < order_share):
         return _order_transcript(rng, world, split, seed)
+    # Drawn only when asked for, so recipes without custom tools get the same transcripts as before.
+    if kind == "custom_tool" or (kind is None and custom_tool_share and layout.random() < custom_tool_share):
+        return _custom_tool_transcript(rng, world, split, seed)
     api = layout.random() < api_share
     messages = api_head(TOOLS, SYSTEM_PROMPT) if api else [system_message()]
     play = _Play(world, rng, messages)
@@ -712,7 +727,8 @@ def make_transcript(seed: int, split: str = "train", kind: str | None = None, *,
 
 
 def make_task(seed: int, split: str = "test", kind: str | None = None, *, order_share: float = 0.0,
-              api_share: float = 0.0) -> Task:
-    return make_transcript(seed, split, kind, order_share=order_share, api_share=api_share).task
+              api_share: float = 0.0, custom_tool_share: float = 0.0) -> Task:
+    return make_transcript(seed, split, kind, order_share=order_share, api_share=api_share,
+                           custom_tool_share=custom_tool_share).task
 
 

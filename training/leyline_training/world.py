@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import random
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from . import names as N
@@ -62,6 +63,7 @@ class World:
     services: dict[str, Service] = field(default_factory=dict)
     modules: dict[str, Module] = field(default_factory=dict)
     package: str = ""
+    custom_tools: dict[str, Callable[[dict], str]] = field(default_factory=dict)  # name -> the caller's tool
 
 
 # --------------------------------------------------------------------------- helpers
