@@ -428,7 +428,7 @@ def test_train_init_from_starts_at_those_weights_and_saves_bf16(tmp_path):
 def test_custom_tool_tasks_copy_request_values_into_a_valid_call_of_an_offered_tool():
     import re
 
-    families, choices, scripts = set(), set(), set()
+    families, choices, scripts, cjk = set(), set(), set(), set()
     for seed in range(80):
         for split in ("train", "test"):
             tr = make_transcript(seed, split, "custom_tool")
@@ -454,9 +454,12 @@ def test_custom_tool_tasks_copy_request_values_into_a_valid_call_of_an_offered_t
             choices.add("named" if "Call the tool" in head else "required" if "Call one of" in head else "auto")
             families.add(re.sub(r"_.*", "", call.function.name) if "function" not in call.function.name else "fn")
             scripts.add(any(ord(ch) > 0x3000 for ch in call.function.arguments))
+            cjk.update(ch for ch in call.function.arguments if 0x4E00 <= ord(ch) <= 0x9FFF)
         assert make_transcript(seed, "train", "custom_tool").messages == make_transcript(
             seed, "train", "custom_tool").messages
     assert choices == {"auto", "required", "named"} and scripts == {True, False} and len(families) >= 5
+    # CJK names span the whole block (too many characters to memorise: they must be copied)
+    assert len(cjk) > 100 and max(map(ord, cjk)) - min(map(ord, cjk)) > 0x4000
 
 
 def test_custom_tool_share_draws_only_when_asked_for():

@@ -28,8 +28,10 @@ COMPANY_SUFFIXES = ["Group", "Labs", "GmbH", "Ltd", "Inc", "Studio", "Partners",
 LOOKUP_ATTRS = ["weather", "population", "timezone", "price", "status", "owner", "rating"]
 SYSTEM_PROMPTS = ["You are a helpful assistant.", "You are a helpful assistant. Use the tools when asked.",
                   "Answer with the tool results.", "You can call tools."]
-# Common CJK ideographs (U+4E00 block): names in another script, copied as byte tokens.
-_CJK = [chr(c) for c in range(0x4E00, 0x4E00 + 2000)]
+# The whole CJK Unified Ideographs block (20,992 characters, 3 UTF-8 bytes each): names in another
+# script, too many to memorise, so they can only be copied byte by byte. (A first version drew from
+# the block's first 2,000 only, and its model wrote characters of that range instead of copying.)
+_CJK_BLOCK = (0x4E00, 0x9FFF)
 
 
 @dataclass
@@ -68,7 +70,7 @@ def _int_value(rng: random.Random) -> int:
 def _name_value(rng: random.Random, split: str) -> str:
     roll = rng.random()
     if roll < 0.3:
-        return "".join(rng.choice(_CJK) for _ in range(rng.randint(2, 6)))
+        return "".join(chr(rng.randint(*_CJK_BLOCK)) for _ in range(rng.randint(2, 6)))
     words = [w.capitalize() for w in rng.sample(N.nouns(split), rng.randint(1, 2))]
     if roll < 0.7:
         words.append(rng.choice(COMPANY_SUFFIXES))
