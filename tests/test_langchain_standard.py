@@ -59,7 +59,7 @@ MODEL_QUALITY = pytest.mark.xfail(
            "(input 3; a Chinese name); the forced call itself is checked valid first")
 
 
-@pytest.mark.slow  # ~100 generations on a real server: about 30 min on 2 busy cores
+@pytest.mark.slow  # ~100 short generations on a real server subprocess
 class TestChatLeylineIntegration(ChatModelIntegrationTests):
     @pytest.fixture(autouse=True)
     def _server_url(self, server):  # noqa: F811
