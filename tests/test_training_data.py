@@ -450,6 +450,13 @@ def test_custom_tool_tasks_copy_request_values_into_a_valid_call_of_an_offered_t
             assert execute(task.world, call.function.name, call.function.arguments) == result_msg.content
             assert task.check(answer.content) and not task.check("no idea")
             assert execute(task.world, call.function.name, "{}").startswith("Error: TypeError")
+            for key, value in args.items():  # a number sent as a string is no well-formed call
+                if isinstance(value, int):
+                    as_text = json.dumps({**args, key: str(value)})
+                    assert "must be an integer" in validate_call(call.function.name, as_text, task.tools)
+                    assert execute(task.world, call.function.name, as_text).startswith("Error: TypeError")
+            unknown = execute(task.world, "no_such_tool", "{}")  # lists the tools this task offers
+            assert unknown.startswith("Error: unknown tool") and all(name in unknown for name in offered)
             head = task.messages[0].content
             choices.add("named" if "Call the tool" in head else "required" if "Call one of" in head else "auto")
             families.add(re.sub(r"_.*", "", call.function.name) if "function" not in call.function.name else "fn")

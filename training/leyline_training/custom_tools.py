@@ -37,7 +37,7 @@ _CJK_BLOCK = (0x4E00, 0x9FFF)
 @dataclass
 class CustomTool:
     spec: dict  # the OpenAI function schema, as LangChain's convert_to_openai_tool writes it
-    run: Callable[[dict], str]  # the hidden implementation (validates its arguments)
+    run: Callable[[dict], str]  # the hidden implementation, given arguments valid against spec
 
     @property
     def name(self) -> str:
@@ -48,19 +48,6 @@ def _schema(name: str, description: str, params: dict[str, str], required: list[
     props = {p: {"type": t} for p, t in params.items()}
     return {"type": "function", "function": {"name": name, "description": description, "parameters": {
         "properties": props, "required": required, "type": "object"}}}
-
-
-def _checked(params: dict[str, str], body: Callable[[dict], str]) -> Callable[[dict], str]:
-    """The tool's body behind an argument check, failing the way agent frameworks report it."""
-    def run(args: dict) -> str:
-        for p, t in params.items():
-            want = int if t == "integer" else str
-            if p not in args:
-                return f"Error: TypeError: missing required argument '{p}'"
-            if not isinstance(args[p], want) or isinstance(args[p], bool):
-                return f"Error: TypeError: argument '{p}' must be {'an integer' if want is int else 'a string'}"
-        return body(args)
-    return run
 
 
 def _int_value(rng: random.Random) -> int:
@@ -100,7 +87,7 @@ def _number_tool(rng: random.Random, split: str) -> _Draft:
     tool = CustomTool(_schema(name, rng.choice(["Apply a magic function to an input.",
                                                 f"Compute the {noun} score of the given numbers.",
                                                 "Returns a number computed from the inputs."]),
-                              params, names), _checked(params, body))
+                              params, names), body)
     args = {p: _int_value(rng) for p in names}
     shown = ", ".join(str(v) for v in args.values())
     keyed = " and ".join(f"{p}={v}" for p, v in args.items())
@@ -122,7 +109,7 @@ def _create_tool(rng: random.Random, split: str) -> _Draft:
     def body(args: dict) -> str:
         return f"Created {kind} '{args[field_name]}' with id {new_id}."
 
-    tool = CustomTool(_schema(name, f"Create a new {kind}.", params, list(params)), _checked(params, body))
+    tool = CustomTool(_schema(name, f"Create a new {kind}.", params, list(params)), body)
     value = _name_value(rng, split)
     gloss = rng.choice(N.nouns(split)).capitalize() + " " + rng.choice(COMPANY_SUFFIXES)
     glossed = [f"Create a {kind} named '{value}' ({gloss})", f"Add the {kind} \"{value}\" ({gloss})."]
@@ -147,7 +134,7 @@ def _lookup_tool(rng: random.Random, split: str) -> _Draft:
     def body(args: dict) -> str:
         return value
 
-    tool = CustomTool(_schema(name, f"Get the {attr} of a {param}.", params, [param]), _checked(params, body))
+    tool = CustomTool(_schema(name, f"Get the {attr} of a {param}.", params, [param]), body)
     subject = _name_value(rng, split)
     args = {param: subject}
     asks = [f"What is the {attr} of {subject}? Use the tool.", f"Look up the {attr} for {subject}.",

@@ -280,21 +280,18 @@ def validate_call(name: str, arguments: Any, tools: list[dict] | None = None) ->
     for key, value in arguments.items():
         if key not in props:
             return f"{name}() got an unexpected argument '{key}'"
-        if props[key].get("type") == "string" and not isinstance(value, str):
+        kind = props[key].get("type")
+        if kind == "string" and not isinstance(value, str):
             return f"{name}() argument '{key}' must be a string"
+        if kind == "integer" and (not isinstance(value, int) or isinstance(value, bool)):
+            return f"{name}() argument '{key}' must be an integer"
     return None
 
 
 def execute(world: World, name: str, arguments: dict | str) -> str:
-    if name in world.custom_tools:  # a "custom_tool" task's own tool (.custom_tools) checks its arguments
-        try:
-            parsed = json.loads(arguments or "{}") if isinstance(arguments, str) else arguments
-        except json.JSONDecodeError as exc:
-            return f"Error: ValueError: arguments are not valid JSON ({exc.msg})"
-        if not isinstance(parsed, dict):
-            return "Error: ValueError: arguments must be a JSON object"
-        return world.custom_tools[name](parsed)
-    problem = validate_call(name, arguments)
+    # A "custom_tool" task's world holds the caller's own tools (.custom_tools): those are what it offers.
+    offered = [t.spec for t in world.custom_tools.values()] or None
+    problem = validate_call(name, arguments, offered)
     if problem is not None:
         kind = "ValueError" if "JSON" in problem or "object" in problem else "TypeError"
         if problem.startswith("unknown tool"):
@@ -302,6 +299,8 @@ def execute(world: World, name: str, arguments: dict | str) -> str:
         return f"Error: {kind}: {problem}"
     if isinstance(arguments, str):
         arguments = json.loads(arguments or "{}")
+    if name in world.custom_tools:
+        return world.custom_tools[name].run(arguments)
     if name == "calculator":
         return calculator(arguments["expression"])
     if name == "search_files":

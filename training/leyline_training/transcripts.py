@@ -638,7 +638,7 @@ def _order_transcript(rng: random.Random, world: World, split: str, seed: int) -
 def _custom_tool_transcript(rng: random.Random, world: World, split: str, seed: int) -> Transcript:
     """A "custom_tool" task (:mod:`.custom_tools`): the caller's own tool, run by the world."""
     made = make_custom_tool_task(rng, split)
-    world.custom_tools.update({t.name: t.run for t in made.tools})
+    world.custom_tools.update({t.name: t for t in made.tools})
     task = Task(task_id=f"{split}-{seed}", split=split, kind="custom_tool", messages=list(made.messages),
                 tools=[t.spec for t in made.tools], world=world, expected=made.expected,
                 required=[(made.expected,)])

@@ -18,10 +18,13 @@ from __future__ import annotations
 import functools
 import random
 import re
-from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from . import names as N
+
+if TYPE_CHECKING:
+    from .custom_tools import CustomTool
 
 
 @dataclass
@@ -63,7 +66,7 @@ class World:
     services: dict[str, Service] = field(default_factory=dict)
     modules: dict[str, Module] = field(default_factory=dict)
     package: str = ""
-    custom_tools: dict[str, Callable[[dict], str]] = field(default_factory=dict)  # name -> the caller's tool
+    custom_tools: dict[str, CustomTool] = field(default_factory=dict)  # a "custom_tool" task's own tools
 
 
 # --------------------------------------------------------------------------- helpers
