@@ -16,6 +16,7 @@ from leyline_training import names as N
 from leyline_training.corpus import (
     CLS_ASSISTANT,
     CLS_TEXT,
+    DataMix,
     Packer,
     loss_weights,
     render_transcript,
@@ -33,7 +34,7 @@ from leyline_training.tools import (
     validate_call,
 )
 from leyline_training.train import DataStream, lr_at, parse_curriculum
-from leyline_training.transcripts import KINDS, make_task, make_transcript
+from leyline_training.transcripts import KINDS, TaskMix, make_task, make_transcript
 from leyline_training.world import make_world
 
 SEEDS = range(60)
@@ -158,7 +159,8 @@ def test_transcript_shapes(transcripts):
     assert all(tpl.render_tools(tr.task.tools) in tr.messages[0].content for tr in transcripts)
     assert not any(tr.messages[1].role == "system" for tr in transcripts)  # the shipped recipe's layout
     # with --api-share, some start the way API requests do: the tools message, then the system prompt
-    api = [tr for s in SEEDS if (tr := make_transcript(s, "train", api_share=0.5)).messages[1].role == "system"]
+    api_half = TaskMix(api_share=0.5)
+    api = [tr for s in SEEDS if (tr := make_transcript(s, "train", mix=api_half)).messages[1].role == "system"]
     assert api and all(tr.messages[0].content.startswith(tpl.render_tools(tr.task.tools)) for tr in api)
 
 
@@ -324,10 +326,10 @@ def test_drills_answers_are_copies_of_the_context():
 
 
 def test_packer_mixes_drills_in_by_share(tok):
-    plain = Packer(tok, seed=5, transcript_share=0.95, drill_share=0.0).shard(0, 1024)
-    drilled = Packer(tok, seed=5, transcript_share=0.95, drill_share=0.5).shard(0, 1024)
-    assert np.array_equal(plain.tokens, Packer(tok, seed=5, transcript_share=0.95).shard(0, 1024).tokens)
-    again = Packer(tok, seed=5, transcript_share=0.95, drill_share=0.5).shard(0, 1024)
+    plain = Packer(tok, DataMix(transcript_share=0.95, drill_share=0.0), seed=5).shard(0, 1024)
+    drilled = Packer(tok, DataMix(transcript_share=0.95, drill_share=0.5), seed=5).shard(0, 1024)
+    assert np.array_equal(plain.tokens, Packer(tok, DataMix(transcript_share=0.95), seed=5).shard(0, 1024).tokens)
+    again = Packer(tok, DataMix(transcript_share=0.95, drill_share=0.5), seed=5).shard(0, 1024)
     assert np.array_equal(drilled.tokens, again.tokens)
     # drills are short and all-answer: more conversations, a larger share of assistant tokens
     assert drilled.transcripts > plain.transcripts
@@ -359,12 +361,12 @@ def test_token_echo_replies_copy_random_user_runs_and_only_replies_carry_loss(to
 def test_packer_mixes_token_echo_in_by_share(tok):
     from leyline_training.corpus import CLS_NOISE
 
-    plain = Packer(tok, seed=5, transcript_share=0.95, drill_share=0.3).shard(0, 512)
+    plain = Packer(tok, DataMix(transcript_share=0.95, drill_share=0.3), seed=5).shard(0, 512)
     assert not (plain.classes == CLS_NOISE).any()
-    mixed = Packer(tok, seed=5, transcript_share=0.95, drill_share=0.3, token_echo_share=0.5).shard(0, 512)
+    mixed = Packer(tok, DataMix(transcript_share=0.95, drill_share=0.3, token_echo_share=0.5), seed=5).shard(0, 512)
     share = (mixed.classes == CLS_NOISE).mean()
     assert 0.05 < share < 0.5, share
-    again = Packer(tok, seed=5, transcript_share=0.95, drill_share=0.3, token_echo_share=0.5).shard(0, 512)
+    again = Packer(tok, DataMix(transcript_share=0.95, drill_share=0.3, token_echo_share=0.5), seed=5).shard(0, 512)
     assert np.array_equal(mixed.tokens, again.tokens)
 
 
@@ -385,17 +387,21 @@ def _names_in(text: str, split: str) -> int:
 
 
 def test_packer_mixes_unmemorisable_names_in_by_share(tok):
-    kw = {"seed": 5, "transcript_share": 0.95, "drill_share": 0.3, "order_share": 0.25}
-    plain = Packer(tok, **kw).shard(0, 1024)
+    kw = {"transcript_share": 0.95, "drill_share": 0.3, "order_share": 0.25}
+
+    def shard(**shares):
+        return Packer(tok, DataMix(**kw, **shares), seed=5).shard(0, 1024)
+
+    plain = shard()
     for zero in ({"wide_share": 0.0}, {"english_share": 0.0}, {"wide_share": 0.0, "english_share": 0.0}):
-        assert np.array_equal(plain.tokens, Packer(tok, **kw, **zero).shard(0, 1024).tokens)
-    wide = Packer(tok, **kw, wide_share=0.6).shard(0, 1024)
+        assert np.array_equal(plain.tokens, shard(**zero).tokens)
+    wide = shard(wide_share=0.6)
     # the english die is the wide one: adding a zero english share changes nothing
-    assert np.array_equal(wide.tokens, Packer(tok, **kw, wide_share=0.6, english_share=0.0).shard(0, 1024).tokens)
+    assert np.array_equal(wide.tokens, shard(wide_share=0.6, english_share=0.0).tokens)
     text = " ".join(tok.decode(row.tolist()) for row in wide.tokens)
     assert _names_in(text, "wide") >= 20
-    both = Packer(tok, **kw, wide_share=0.3, english_share=0.4).shard(0, 1024)
-    assert np.array_equal(both.tokens, Packer(tok, **kw, wide_share=0.3, english_share=0.4).shard(0, 1024).tokens)
+    both = shard(wide_share=0.3, english_share=0.4)
+    assert np.array_equal(both.tokens, shard(wide_share=0.3, english_share=0.4).tokens)
     text = " ".join(tok.decode(row.tolist()) for row in both.tokens)
     # real words also occur in the stdlib text that fills rows: count beyond the plain shard's
     before = " ".join(tok.decode(row.tolist()) for row in plain.tokens)
@@ -471,18 +477,18 @@ def test_custom_tool_tasks_copy_request_values_into_a_valid_call_of_an_offered_t
 
 def test_custom_tool_share_draws_only_when_asked_for():
     for seed in SEEDS:
-        plain = make_transcript(seed, "train", order_share=0.2, api_share=0.3)
-        assert plain.messages == make_transcript(seed, "train", order_share=0.2, api_share=0.3,
-                                                 custom_tool_share=0.0).messages
-    kinds = [make_transcript(s, "train", custom_tool_share=0.5).task.kind for s in SEEDS]
+        plain = make_transcript(seed, "train", mix=TaskMix(order_share=0.2, api_share=0.3))
+        zero = TaskMix(order_share=0.2, api_share=0.3, custom_tool_share=0.0)
+        assert plain.messages == make_transcript(seed, "train", mix=zero).messages
+    kinds = [make_transcript(s, "train", mix=TaskMix(custom_tool_share=0.5)).task.kind for s in SEEDS]
     assert 0.3 < kinds.count("custom_tool") / len(kinds) < 0.7
 
 
 def test_agent_eval_runs_custom_tool_tasks_with_their_own_tools():
     lookup = {}
     for s in range(12):
-        tr = make_transcript(s, "test", custom_tool_share=1.0)
+        tr = make_transcript(s, "test", mix=TaskMix(custom_tool_share=1.0))
         lookup[tr.task.messages[-1].content] = tr.messages[len(tr.task.messages):]
-    result = run_agent_eval(oracle_generate(lookup), 12, custom_tool_share=1.0)
+    result = run_agent_eval(oracle_generate(lookup), 12, mix=TaskMix(custom_tool_share=1.0))
     assert result["task_success_rate"] == 1.0 and result["well_formed_tool_call_rate"] == 1.0
     assert set(result["by_kind"]) == {"custom_tool"}

@@ -19,12 +19,13 @@ pure function of ``(seed, shard index, seq_len)``, so a data position is
 
 from __future__ import annotations
 
+import argparse
 import functools
 import os
 import random
 import sysconfig
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import numpy as np
@@ -35,7 +36,7 @@ from leyline_runtime import chat_template as tpl
 from leyline_runtime.model.default import DEFAULT_MODEL_DIR
 from leyline_runtime.tokenizer import ChatTokenizer
 from .drills import ECHO_PROMPT, make_drill
-from .transcripts import make_transcript
+from .transcripts import TaskMix, make_transcript
 
 SKIP_DIRS = {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__", "encodings",
              "pydoc_data", "lib2to3", "ensurepip", "turtledemo"}
@@ -185,41 +186,60 @@ class Shard:
     skipped_long: int
 
 
+@dataclass(frozen=True)
+class DataMix:
+    """What the packed rows are made of: the recipe flags of ``leyline-runtime train``, one field each.
+
+    Every share is a probability (or a token fraction for ``transcript_share``);
+    a zero share draws no die, so adding a kind left older recipes' data as it was.
+    """
+    transcript_share: float = 0.7  # of the tokens: transcripts (the rest: stdlib text)
+    drill_share: float = 0.0  # of the conversations: copy/recall drills (.drills) instead of tasks
+    token_echo_share: float = 0.0  # of the conversations: echo drills over random token ids
+    wide_share: float = 0.0  # of the tasks and drills: the "wide" split's made-up entity names
+    english_share: float = 0.0  # of the tasks and drills: the "english" split's real-word names
+    order_share: float = 0.0  # the task kinds and prompt layouts: see transcripts.TaskMix
+    api_share: float = 0.0
+    custom_tool_share: float = 0.0
+
+    @property
+    def tasks(self) -> TaskMix:
+        return TaskMix(self.order_share, self.api_share, self.custom_tool_share)
+
+    @classmethod
+    def from_namespace(cls, args: argparse.Namespace) -> DataMix:
+        """The mix named by parsed ``train`` flags (their dests are the field names)."""
+        return cls(**{f.name: getattr(args, f.name) for f in fields(cls)})
+
+
 class Packer:
     """Deterministic shards of packed rows (``seq_len + 1`` tokens: inputs + shifted targets)."""
 
-    def __init__(self, tok: ChatTokenizer, *, seed: int = 0, rows_per_shard: int = 64,
-                 transcript_share: float = 0.7, split: str = "train", drill_share: float = 0.0,
-                 order_share: float = 0.0, api_share: float = 0.0, token_echo_share: float = 0.0,
-                 wide_share: float = 0.0, english_share: float = 0.0, custom_tool_share: float = 0.0):
+    def __init__(self, tok: ChatTokenizer, mix: DataMix = DataMix(), *, seed: int = 0, rows_per_shard: int = 64,
+                 split: str = "train"):
         self.tok = tok
-        self.wide_share = wide_share  # of the tasks and drills: the "wide" split's made-up entity names
-        self.english_share = english_share  # of the tasks and drills: the "english" split's real-word names
-        self.token_echo_share = token_echo_share  # of the conversations: echo drills over random token ids
-        self.layout = {"order_share": order_share, "api_share": api_share,  # see transcripts.RECIPE_*
-                       "custom_tool_share": custom_tool_share}
-        self.drill_share = drill_share  # of the conversations: copy/recall drills (.drills) instead of tasks
+        self.mix = mix
         self.seed = seed
         self.rows_per_shard = rows_per_shard
-        self.transcript_share = transcript_share
         self.split = split
         self.eot = tok.token_id(tpl.END_OF_TEXT)
 
     def _split(self, pick: random.Random) -> str:
         """The split of a task or drill. One die for both name pools, drawn last and only when one
         is asked for, so a recipe without them gets the same data as before."""
-        if not (self.wide_share or self.english_share):
+        mix = self.mix
+        if not (mix.wide_share or mix.english_share):
             return self.split
         roll = pick.random()
-        if roll < self.wide_share:
+        if roll < mix.wide_share:
             return "wide"
-        return "english" if roll < self.wide_share + self.english_share else self.split
+        return "english" if roll < mix.wide_share + mix.english_share else self.split
 
     def shard(self, index: int, seq_len: int) -> Shard:
         width = seq_len + 1
         rng = random.Random(f"shard:{self.seed}:{index}:{seq_len}")
         chunks = stdlib_chunks()
-        tok = self.tok
+        tok, mix = self.tok, self.mix
         rows = np.full((self.rows_per_shard, width), self.eot, dtype=np.int32)
         classes = np.zeros((self.rows_per_shard, width), dtype=np.uint8)
         t_total = n_total = 0
@@ -234,13 +254,13 @@ class Packer:
                 seed = self.seed * 1_000_000_000 + index * SEED_STRIDE + j
                 j += 1
                 pick = random.Random(f"pick:{seed}")
-                drill = self.drill_share and pick.random() < self.drill_share
-                if self.token_echo_share and pick.random() < self.token_echo_share:
+                drill = mix.drill_share and pick.random() < mix.drill_share
+                if mix.token_echo_share and pick.random() < mix.token_echo_share:
                     ids, cls = token_echo(tok, seed, min(width - 1, 256))
                 else:
                     split = self._split(pick)
                     messages = (make_drill(seed, split) if drill
-                                else make_transcript(seed, split, **self.layout).messages)
+                                else make_transcript(seed, split, mix=mix.tasks).messages)
                     ids, cls = transcript_tokens(tok, messages)
                 ids, cls = ids + [self.eot], cls + [CLS_CONTEXT]
                 if len(ids) <= width:
@@ -253,7 +273,7 @@ class Packer:
                 if pending is None:
                     pending = next_transcript()
                 ids, cls = pending
-                behind = t_total + used < self.transcript_share * (n_total + width)
+                behind = t_total + used < mix.transcript_share * (n_total + width)
                 if not behind or used + len(ids) > width:
                     break
                 rows[r, used:used + len(ids)] = ids

@@ -46,7 +46,7 @@ from .cli import EVALUATE_HELP, add_evaluate_arguments
 from .corpus import CLS_ASSISTANT, transcript_tokens
 from .drills import DRILL_KINDS, drill_of_kind
 from .tools import execute, validate_call
-from .transcripts import Task, make_task, make_transcript
+from .transcripts import Task, TaskMix, make_task, make_transcript
 
 Generate = Callable[[list[Message], list[dict]], "Message | str"]
 
@@ -158,12 +158,11 @@ def run_task(task: Task, generate: Generate, max_turns: int = 8) -> dict:
 
 def run_agent_eval(generate: Generate, n_tasks: int = 200, max_turns: int = 8, start: int = 0,
                    split: str = "test", progress: Callable[[str], None] | None = None,
-                   order_share: float = 0.0, api_share: float = 0.0, custom_tool_share: float = 0.0) -> dict:
+                   mix: TaskMix = TaskMix()) -> dict:
     records = []
     t0 = time.time()
     for i, seed in enumerate(range(start, start + n_tasks)):
-        task = make_task(seed, split, order_share=order_share, api_share=api_share,
-                         custom_tool_share=custom_tool_share)
+        task = make_task(seed, split, mix=mix)
         rec = run_task(task, generate, max_turns)
         records.append(rec)
         if progress and ((i + 1) % 10 == 0 or i + 1 == n_tasks):
@@ -292,9 +291,8 @@ def run(args: argparse.Namespace) -> dict:
         runtime = Runtime(RuntimeConfig(model_path=path))
         gen = RuntimeGenerator(runtime, max_tokens=args.max_tokens, constrained=args.constrained)
         result["constrained"] = args.constrained
-        agent = run_agent_eval(gen, args.tasks, args.max_turns, args.start, progress=log,
-                               order_share=args.order_share, api_share=args.api_share,
-                               custom_tool_share=args.custom_tool_share)
+        mix = TaskMix(args.order_share, args.api_share, args.custom_tool_share)
+        agent = run_agent_eval(gen, args.tasks, args.max_turns, args.start, progress=log, mix=mix)
         gen.close()
         if not args.records:
             agent.pop("records")

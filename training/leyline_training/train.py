@@ -29,6 +29,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -47,7 +48,7 @@ from leyline_runtime.model.deepseek import DeepseekForCausalLM
 from leyline_runtime.model.default import DEFAULT_MODEL_DIR
 from leyline_runtime.tokenizer import ChatTokenizer
 from .cli import add_train_arguments
-from .corpus import Packer, loss_weights
+from .corpus import DataMix, Packer, loss_weights
 from .evaluate import heldout_loss
 
 DEFAULT_TOKENIZER = DEFAULT_MODEL_DIR / "tokenizer.json"
@@ -140,13 +141,11 @@ def _save_checkpoint(path: Path, payload: dict) -> None:
 def train(out_dir: str | Path, *, minutes: float = 70.0, seq_len: int = 2048, batch: int = 1, accum: int = 1,
           lr: float = 2e-3, min_lr_ratio: float = 0.05, warmup_steps: int = 60, weight_decay: float = 0.1,
           grad_clip: float = 1.0, betas: tuple[float, float] = (0.9, 0.95), dtype: str = "auto",
-          threads: int | None = None, assistant_weight: float = 2.0, transcript_share: float = 0.7,
+          threads: int | None = None, assistant_weight: float = 2.0,
           curriculum: str | None = "1024:0.4", seed: int = 0, checkpoint_minutes: float = 5.0, resume: bool = True,
           log_every: int = 10, max_steps: int | None = None, tokenizer: str | Path = DEFAULT_TOKENIZER,
           export: str | Path | None = None, eval_transcripts: int = 32, rows_per_shard: int = 64,
-          init_from: str | Path | None = None, drill_share: float = 0.0, order_share: float = 0.0,
-          api_share: float = 0.0, token_echo_share: float = 0.0, wide_share: float = 0.0, english_share: float = 0.0,
-          custom_tool_share: float = 0.0, log=print) -> dict:
+          init_from: str | Path | None = None, mix: DataMix = DataMix(), log=print) -> dict:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     if threads:
@@ -180,10 +179,7 @@ def train(out_dir: str | Path, *, minutes: float = 70.0, seq_len: int = 2048, ba
     opt = torch.optim.AdamW(param_groups(model, weight_decay), lr=lr, betas=betas, eps=1e-8)
     if state is not None:
         opt.load_state_dict(state["optimizer"])
-    packer = Packer(tok, seed=seed, rows_per_shard=rows_per_shard, transcript_share=transcript_share,
-                    drill_share=drill_share, order_share=order_share, api_share=api_share,
-                    token_echo_share=token_echo_share, wide_share=wide_share,
-                    english_share=english_share, custom_tool_share=custom_tool_share)
+    packer = Packer(tok, mix, seed=seed, rows_per_shard=rows_per_shard)
     stream = DataStream(packer, *(state["data"] if state else (0, 0)))
     step = state["step"] if state else 0
     tokens_seen = state["tokens"] if state else 0
@@ -265,9 +261,7 @@ def train(out_dir: str | Path, *, minutes: float = 70.0, seq_len: int = 2048, ba
                "params": n_params, "dtype": dtype, "threads": torch.get_num_threads(), "seq_len": seq_len,
                "batch": batch, "accum": accum, "lr": lr, "curriculum": curriculum, "seed": seed,
                "init_from": str(init_from) if init_from else None, "assistant_weight": assistant_weight,
-               "transcript_share": transcript_share, "drill_share": drill_share,
-               "order_share": order_share, "api_share": api_share, "token_echo_share": token_echo_share,
-               "wide_share": wide_share, "english_share": english_share, "custom_tool_share": custom_tool_share,
+               **dataclasses.asdict(mix),
                "data_position": [stream.shard_index, stream.row],
                "packed_tokens_this_process": {"transcripts": stream.transcript_tokens, "stdlib": stream.text_tokens},
                "last_loss": history[-1]["loss"] if history else None,
@@ -304,13 +298,11 @@ def run(args: argparse.Namespace) -> dict:
                  lr=args.lr, min_lr_ratio=args.min_lr_ratio, warmup_steps=args.warmup_steps,
                  weight_decay=args.weight_decay, grad_clip=args.grad_clip, dtype=args.dtype,
                  threads=args.threads, assistant_weight=args.assistant_weight,
-                 transcript_share=args.transcript_share, curriculum=args.curriculum, seed=args.seed,
+                 curriculum=args.curriculum, seed=args.seed,
                  checkpoint_minutes=args.checkpoint_minutes, resume=not args.no_resume,
                  log_every=args.log_every, max_steps=args.max_steps, tokenizer=args.tokenizer or DEFAULT_TOKENIZER,
                  export=args.export, eval_transcripts=args.eval_transcripts, init_from=args.init_from,
-                 drill_share=args.drill_share, order_share=args.order_share, api_share=args.api_share,
-                 token_echo_share=args.token_echo_share, wide_share=args.wide_share,
-                 english_share=args.english_share, custom_tool_share=args.custom_tool_share)
+                 mix=DataMix.from_namespace(args))
 
 
 if __name__ == "__main__":

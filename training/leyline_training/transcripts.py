@@ -65,6 +65,14 @@ def _needle(s: str) -> re.Pattern:
     return re.compile(left + re.escape(s) + right)
 
 
+@dataclass(frozen=True)
+class TaskMix:
+    """Which tasks :func:`make_transcript` draws when no kind is named (each share a probability)."""
+    order_share: float = 0.0  # "order" tasks: the LangGraph example's kind (RECIPE_ORDER_SHARE)
+    api_share: float = 0.0  # of the repository-tool tasks: the API prompt layout (RECIPE_API_SHARE)
+    custom_tool_share: float = 0.0  # tasks offering the caller's own never-seen tools (.custom_tools)
+
+
 @dataclass
 class Task:
     task_id: str
@@ -685,8 +693,8 @@ def _chars(messages: list[Message]) -> int:
                for m in messages)
 
 
-def make_transcript(seed: int, split: str = "train", kind: str | None = None, *, order_share: float = 0.0,
-                    api_share: float = 0.0, custom_tool_share: float = 0.0) -> Transcript:
+def make_transcript(seed: int, split: str = "train", kind: str | None = None,
+                    mix: TaskMix = TaskMix()) -> Transcript:
     """One task and its worked solution; a pure function of ``(seed, split, kind)``.
 
     About a third of the transcripts go on with one or two follow-up tasks in
@@ -697,13 +705,13 @@ def make_transcript(seed: int, split: str = "train", kind: str | None = None, *,
     rng = random.Random(f"transcript:{split}:{seed}")
     world = make_world(str(seed), split)
     # A separate stream, so adding these choices left every other transcript as it was.
-    layout = random.Random(f"layout:{split}:{seed}")
-    if kind == "order" or (kind is None and layout.random() < order_share):
+    dice = random.Random(f"layout:{split}:{seed}")
+    if kind == "order" or (kind is None and dice.random() < mix.order_share):
         return _order_transcript(rng, world, split, seed)
     # Drawn only when asked for, so recipes without custom tools get the same transcripts as before.
-    if kind == "custom_tool" or (kind is None and custom_tool_share and layout.random() < custom_tool_share):
+    if kind == "custom_tool" or (kind is None and mix.custom_tool_share and dice.random() < mix.custom_tool_share):
         return _custom_tool_transcript(rng, world, split, seed)
-    api = layout.random() < api_share
+    api = dice.random() < mix.api_share
     messages = api_head(TOOLS, SYSTEM_PROMPT) if api else [system_message()]
     play = _Play(world, rng, messages)
     tasks: list[Task] = []
@@ -726,9 +734,7 @@ def make_transcript(seed: int, split: str = "train", kind: str | None = None, *,
     return Transcript(tasks=tasks, messages=play.messages)
 
 
-def make_task(seed: int, split: str = "test", kind: str | None = None, *, order_share: float = 0.0,
-              api_share: float = 0.0, custom_tool_share: float = 0.0) -> Task:
-    return make_transcript(seed, split, kind, order_share=order_share, api_share=api_share,
-                           custom_tool_share=custom_tool_share).task
+def make_task(seed: int, split: str = "test", kind: str | None = None, mix: TaskMix = TaskMix()) -> Task:
+    return make_transcript(seed, split, kind, mix).task
 
 
