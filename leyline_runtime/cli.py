@@ -76,6 +76,10 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     sched.add_argument("--max-batched-tokens", type=_positive, metavar="N", default=defaults.max_batched_tokens,
                        help="tokens per step while sequences decode; prefill chunks fill what decode steps "
                             "leave (default: %(default)s)")
+    sched.add_argument("--batch-invariant", action="store_true",
+                       help="a sequence's tokens and logprobs are bit-equal whether it runs alone or batched "
+                            "with others: products padded to 16 rows, prefills cut every --max-batched-tokens "
+                            "tokens (costs lone requests speed; see docs/design.md)")
     limits = p.add_argument_group("request limits and timeouts (see docs/operations.md)")
     limits.add_argument("--max-body-bytes", type=int, metavar="N", default=LIMIT_DEFAULTS["max_body_bytes"],
                         help="largest request body; larger is 413 request_too_large, unread (default: %(default)s)")
@@ -223,7 +227,7 @@ def build_runtime(args: argparse.Namespace):
                            max_cache_tokens=args.max_cache_tokens, api_keys=list(args.api_keys),
                            model_name=args.model_name, auto=AutoConfig(drift_budget=args.drift_budget),
                            max_request_tokens=args.max_request_tokens, max_num_seqs=args.max_num_seqs,
-                           max_batched_tokens=args.max_batched_tokens)
+                           max_batched_tokens=args.max_batched_tokens, batch_invariant=args.batch_invariant)
     source = args.model or f"embedded default ({DEFAULT_MODEL_DIR})"
     with stage(f"[1/3] loading model: {source}"):
         dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[args.dtype]

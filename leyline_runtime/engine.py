@@ -34,11 +34,13 @@ log = logging.getLogger("leyline.engine")
 
 class Engine:
     def __init__(self, model: DeepseekForCausalLM, pool: BlockPool, prefill_chunk: int = 8192,
-                 max_batched_tokens: int = 512, max_num_seqs: int = 64):
+                 max_batched_tokens: int = 512, max_num_seqs: int = 64, batch_invariant: bool = False):
         self.model = model
         self.pool = pool
+        model.set_batch_invariant(batch_invariant)
         self.runner = ModelRunner(model, pool)
-        self.scheduler = Scheduler(max_batched_tokens, prefill_chunk, max_num_seqs)
+        self.scheduler = Scheduler(max_batched_tokens, prefill_chunk, max_num_seqs,
+                                   invariant_chunk=max_batched_tokens if batch_invariant else None)
         self._wakeup = threading.Condition()
         self._inbox: list[Sequence] = []
         self._thread: threading.Thread | None = None

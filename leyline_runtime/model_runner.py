@@ -31,7 +31,7 @@ class ModelRunner:
             logit_rows.extend(range(offset + n - k, offset + n))
             wanted.append(k)
             offset += n
-        layout = BatchLayout.build(segments, logit_rows, self.device)
+        layout = BatchLayout.build(segments, logit_rows, self.device, gather=not self.model.batch_invariant)
         logits = self.model.forward_batch(torch.tensor(ids, dtype=torch.long, device=self.device),
                                           self.pool.rows, layout)
         outs, at = [], 0

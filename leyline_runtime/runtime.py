@@ -63,6 +63,8 @@ class RuntimeConfig:
     model_name: str = "leyline-default"
     auto: AutoConfig = field(default_factory=AutoConfig)  # mode "auto" thresholds and the drift budget
     max_request_tokens: int | None = None  # new tokens one request may add; None: the model's context
+    # A sequence's logits bit-equal alone or batched (padded products, fixed prefill cuts; Engine)
+    batch_invariant: bool = False
 
 
 @dataclass
@@ -88,7 +90,7 @@ class Runtime:
         self.pool = BlockPool(self.model.cache_layout(), num_blocks, config.block_size,
                               dtype=self.model.dtype, device=config.device)
         self.engine = Engine(self.model, self.pool, config.prefill_chunk, config.max_batched_tokens,
-                             config.max_num_seqs)
+                             config.max_num_seqs, config.batch_invariant)
         self._lock = threading.RLock()  # the session map, eviction, commits and counters; never model work
         self.executor = DirectiveExecutor(self.engine, self.tokenizer, sink_tokens=config.sink_tokens,
                                           commit_lock=self._lock)

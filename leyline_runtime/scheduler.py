@@ -5,6 +5,11 @@ the rest of a token budget, first come first served, so a long prompt is
 split across steps while others decode beside it. With nobody decoding, a
 prefill runs in chunks as large as memory allows (``max_prefill_tokens``).
 Generations beyond ``max_num_seqs`` take turns (round robin).
+
+Batch-invariant mode (``invariant_chunk``): a prefill is cut at every
+``invariant_chunk`` tokens from its start and nowhere else, whatever else
+runs, so its rows are computed by the same products alone or batched (a
+step may then pass the budget by less than one chunk).
 """
 
 from __future__ import annotations
@@ -17,10 +22,12 @@ Chunk = tuple[Sequence, int]  # a sequence and how many of its pending tokens ru
 
 
 class Scheduler:
-    def __init__(self, max_batched_tokens: int = 512, max_prefill_tokens: int = 8192, max_num_seqs: int = 64):
+    def __init__(self, max_batched_tokens: int = 512, max_prefill_tokens: int = 8192, max_num_seqs: int = 64,
+                 invariant_chunk: int | None = None):
         self.max_batched_tokens = max_batched_tokens
         self.max_prefill_tokens = max_prefill_tokens
         self.max_num_seqs = max_num_seqs
+        self.invariant_chunk = invariant_chunk
         self.prefilling: deque[Sequence] = deque()
         self.decoding: deque[Sequence] = deque()
 
@@ -53,10 +60,15 @@ class Scheduler:
                 break
             if seq.after is not None and not _caught_up(seq.after, chunks):
                 continue
-            n = min(seq.num_pending, budget)
+            n = self._chunk_size(seq, budget)
             chunks.append((seq, n))
             budget -= n
         return chunks
+
+    def _chunk_size(self, seq: Sequence, budget: int) -> int:
+        if self.invariant_chunk is None:
+            return min(seq.num_pending, budget)
+        return min(seq.num_pending, self.invariant_chunk - seq.num_computed % self.invariant_chunk)
 
 
 def _caught_up(earlier: Sequence, chunks: list[Chunk]) -> bool:

@@ -50,7 +50,13 @@ def generate_all(rt, sids: list[str], together: bool):
     return results
 
 
-def test_batched_greedy_tokens_and_logprobs_equal_solo(rt, monkeypatch):
+@pytest.fixture(scope="module")
+def rt_invariant():
+    return Runtime(RuntimeConfig(max_cache_tokens=65536, batch_invariant=True))
+
+
+def solo_and_batched(rt, monkeypatch):
+    """Each history generated alone, then all 16 again together; -> [(solo, batched)] per history."""
     solo_ids = [rt.create_session(SessionCreate(messages=h)).session_id for h in histories()]
     batched_ids = [rt.create_session(SessionCreate(messages=h)).session_id for h in histories()]
     solo = generate_all(rt, solo_ids, together=False)
@@ -65,22 +71,34 @@ def test_batched_greedy_tokens_and_logprobs_equal_solo(rt, monkeypatch):
     monkeypatch.setattr(rt.engine.runner, "run", observe)
     batched = generate_all(rt, batched_ids, together=True)
     assert max(widest) >= SESSIONS // 2, widest  # they really shared steps
+    for sid in solo_ids + batched_ids:
+        rt.delete_session(sid)
+    return [(solo[a], batched[b]) for a, b in zip(solo_ids, batched_ids)]
 
-    for a, b in zip(solo_ids, batched_ids):
-        x, y = solo[a], batched[b]
+
+def logprob_table(result) -> torch.Tensor:
+    return torch.tensor([[t.logprob] + [p.logprob for p in t.top_logprobs] for t in result.logprobs])
+
+
+def test_batched_greedy_tokens_and_logprobs_equal_solo(rt, monkeypatch):
+    for x, y in solo_and_batched(rt, monkeypatch):
         assert x.message == y.message
         assert x.usage.completion_tokens == y.usage.completion_tokens
         assert [t.token for t in x.logprobs] == [t.token for t in y.logprobs]
-        lp_x = torch.tensor([[t.logprob] + [p.logprob for p in t.top_logprobs] for t in x.logprobs])
-        lp_y = torch.tensor([[t.logprob] + [p.logprob for p in t.top_logprobs] for t in y.logprobs])
+        lp_x, lp_y = logprob_table(x), logprob_table(y)
         # The same fp32 sums in another order: log-softmax errors scale with the logits' spread, which
         # the step's largest top logprob shows (a sampled -0.92 came 1.3e-5 apart beside a top-5 of -14;
         # on the sharper current model a top-5 of -4.8 came 7.3e-5 apart: 1.5e-5 of it). Which steps
         # share a batch depends on thread timing, so the bound keeps 2x room over the worst seen.
         scale = lp_x.abs().amax(dim=1).clamp(min=1.0)
         assert ((lp_x - lp_y).abs().amax(dim=1) / scale).max().item() <= 3e-5
-    for sid in solo_ids + batched_ids:
-        rt.delete_session(sid)
+
+
+def test_batch_invariant_mode_makes_batched_bit_equal_to_solo(rt_invariant, monkeypatch):
+    for x, y in solo_and_batched(rt_invariant, monkeypatch):
+        assert x.message == y.message
+        assert [t.token for t in x.logprobs] == [t.token for t in y.logprobs]
+        assert torch.equal(logprob_table(x), logprob_table(y))
 
 
 def test_gathered_decode_attention_equals_reading_rows_in_place(rt, monkeypatch):
@@ -169,3 +187,62 @@ def test_work_on_one_session_never_blocks_another(rt):
     worker.join()
     rt.delete_session(busy)
     rt.delete_session(free)
+
+
+@pytest.mark.parametrize("invariant", [False, True])
+def test_prefill_cuts_depend_on_the_batch_only_outside_invariant_mode(invariant):
+    from leyline_runtime.kv_cache import BlockTable
+    from leyline_runtime.scheduler import Scheduler
+    from leyline_runtime.sequence import Sequence
+
+    def cuts(decoders: int) -> list[int]:
+        sched = Scheduler(max_batched_tokens=512, max_prefill_tokens=8192, invariant_chunk=512 if invariant else None)
+        for _ in range(decoders):  # generations that stay pending: one token each per step
+            sched.add(Sequence(BlockTable(16), 0, [1], generation=object()))  # type: ignore[arg-type]
+        seq = Sequence(BlockTable(16), 0, list(range(1300)))
+        sched.add(seq)
+        out = []
+        while seq.num_pending:
+            n = dict(sched.schedule())[seq]
+            seq.num_computed += n
+            out.append(n)
+        return out
+
+    if invariant:
+        assert cuts(0) == cuts(15) == [512, 512, 276]
+    else:
+        assert cuts(0) == [1300] and cuts(15) == [497, 497, 306]
+
+
+def test_batch_invariant_long_prefill_beside_decoding_sessions_equals_alone(rt_invariant, monkeypatch):
+    """A history of ~1.7k tokens prefilled while 8 sessions decode is cut and computed as when alone."""
+    rt = rt_invariant
+    long = agent_history(long_output_lines=90) + [Message(role="user", content="Which line is largest?")]
+    alone_id = rt.create_session(SessionCreate(messages=long)).session_id
+    alone = rt.generate(alone_id, request())
+    busy_ids = [rt.create_session(SessionCreate(messages=h)).session_id for h in histories()[:8]]
+
+    steps = []  # per step: (generations decoding, longest prefill chunk)
+    run = rt.engine.runner.run
+
+    def observe(chunks):
+        steps.append((sum(seq.generation is not None for seq, _ in chunks),
+                      max((n for seq, n in chunks if seq.generation is None), default=0)))
+        return run(chunks)
+
+    monkeypatch.setattr(rt.engine.runner, "run", observe)
+    busy = GenerateRequest(max_tokens=100, min_tokens=100, temperature=0.0)
+    threads = [threading.Thread(target=rt.generate, args=(sid, busy)) for sid in busy_ids]
+    for t in threads:
+        t.start()
+    while not any(d >= 8 for d, _ in steps):
+        threading.Event().wait(0.01)
+    beside_id = rt.create_session(SessionCreate(messages=long)).session_id
+    beside = rt.generate(beside_id, request())
+    for t in threads:
+        t.join()
+    assert any(d >= 4 and n >= 256 for d, n in steps), steps  # the long prefill ran beside decode steps
+    assert alone.message == beside.message
+    assert torch.equal(logprob_table(alone), logprob_table(beside))
+    for sid in [alone_id, beside_id, *busy_ids]:
+        rt.delete_session(sid)

@@ -41,6 +41,8 @@ def add_parser(sub) -> None:
     p.add_argument("--server", default="process", choices=["process", "thread"],
                    help="without --base-url: run the server in a child process (default) or a thread")
     p.add_argument("--model", default=None)
+    p.add_argument("--batch-invariant", action="store_true",
+                   help="without --base-url: start the server with --batch-invariant")
     p.set_defaults(run=run, quick_overrides={"concurrency": [1, 2], "loops": 1, "max_tokens": 2,
                                              "stream_requests": 1, "stream_max_tokens": 4})
 
@@ -49,9 +51,11 @@ def _server(args):
     if args.base_url:
         return contextlib.nullcontext(args.base_url)
     if args.server == "thread":
-        return serve_in_thread(RuntimeConfig(model_path=args.model, api_keys=[args.api_key] if args.api_key else []))
+        return serve_in_thread(RuntimeConfig(model_path=args.model, api_keys=[args.api_key] if args.api_key else [],
+                                             batch_invariant=args.batch_invariant))
     cli = [*(["--model", args.model] if args.model else []), *(["--api-key", args.api_key] if args.api_key else []),
-           *(["--threads", str(args.threads)] if args.threads else [])]
+           *(["--threads", str(args.threads)] if args.threads else []),
+           *(["--batch-invariant"] if args.batch_invariant else [])]
     return serve_in_subprocess(cli)
 
 
@@ -96,7 +100,7 @@ def run(args, log=print) -> dict:
     result = {"benchmark": "serve", "base_url": args.base_url or f"local ({args.server})",
               "settings": {"concurrency": args.concurrency, "loops": args.loops, "max_seconds": args.max_seconds,
                            "max_tokens": args.max_tokens, "stream_requests": args.stream_requests,
-                           "stream_max_tokens": args.stream_max_tokens},
+                           "stream_max_tokens": args.stream_max_tokens, "batch_invariant": args.batch_invariant},
               "levels": levels, "errors": errors, "failed": errors > 0,
               "notes": ["Decode phase: streamed, session-bound chat turns; tokens/s = completion tokens of all "
                         "sessions / wall time from their common start; TTFT = time to the first SSE event.",

@@ -19,7 +19,7 @@ from torch import nn
 
 from .batch import BatchLayout, DecodeGather, PrefillSegment, read_rows
 from .config import MLAConfig
-from .layers import Linear, RMSNorm
+from .layers import Linear, RMSNorm, padded_rows
 from .rope import rotate_half_split
 
 
@@ -41,6 +41,11 @@ class MLAttention(nn.Module):
         self.kv_b_proj = Linear(cfg.kv_lora_rank, H * (cfg.qk_nope_head_dim + cfg.v_head_dim), bias=False)
         self.o_proj = Linear(H * cfg.v_head_dim, h, bias=cfg.attention_bias)
         self.scale = cfg.softmax_scale
+        # Batch-invariant mode (DeepseekForCausalLM.set_batch_invariant): products over a
+        # decode batch's rows padded to this many, each sequence's attention over its rows
+        # gathered into one tensor, so a sequence's result does not depend on its neighbours
+        # or on how its blocks lie in the pool.
+        self.min_rows = 0
 
     # -- shared pieces -----------------------------------------------------------
 
@@ -119,14 +124,20 @@ class MLAttention(nn.Module):
         cfg = self.cfg
         B, r = q_nope.shape[0], cfg.kv_lora_rank
         w_uk, w_uv = self._weights()
-        q = torch.cat((torch.einsum("bhn,hnr->bhr", q_nope, w_uk), q_pe), dim=-1)  # [B, H, r + rope]
+        absorbed = torch.einsum("bhn,hnr->bhr", padded_rows(q_nope, self.min_rows), w_uk)[:B]
+        q = torch.cat((absorbed, q_pe), dim=-1)  # [B, H, r + rope]
         if layout.decode_gather is not None:
             latent = self._gathered_latent_attention(q, pool, layout.decode_gather)
         else:
             latent = q.new_empty(B, self.num_heads, r)
             for b, step in enumerate(layout.decodes):
-                latent[b] = self._latent_attention(q[b], read_rows(pool, step.rows))
-        return torch.einsum("bhr,hvr->bhv", latent, w_uv).reshape(B, -1)
+                latent[b] = self._latent_attention(q[b], self._read_rows(pool, step.rows))
+        return torch.einsum("bhr,hvr->bhv", padded_rows(latent, self.min_rows), w_uv)[:B].reshape(B, -1)
+
+    def _read_rows(self, pool: torch.Tensor, extents) -> list[torch.Tensor]:
+        """A sequence's rows in parts (see :func:`read_rows`); one part in batch-invariant mode."""
+        parts = read_rows(pool, extents)
+        return [torch.cat(parts)] if self.min_rows and len(parts) > 1 else parts
 
     def _gathered_latent_attention(self, q: torch.Tensor, pool: torch.Tensor, gather: DecodeGather) -> torch.Tensor:
         """q [B, H, r + rope] over each sequence's padded rows -> [B, H, r]; padding scores -inf."""
@@ -158,7 +169,7 @@ class MLAttention(nn.Module):
         T = q_nope.shape[0]
         out, lse = self._attend(q_nope, q_pe, own_rows, causal=True)
         if seg.start > 0:
-            for part in read_rows(pool, seg.prefix):
+            for part in self._read_rows(pool, seg.prefix):
                 out, lse = _merge(out, lse, *self._attend(q_nope, q_pe, part.to(q_nope.dtype), causal=False))
         return out.reshape(T, -1)
 

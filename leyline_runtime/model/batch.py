@@ -79,8 +79,10 @@ class BatchLayout:
 
     @classmethod
     def build(cls, segments: list[tuple[int, int, Extents]], logit_rows: list[int],
-              device: torch.device) -> BatchLayout:
-        """``segments``: (start position, n tokens, pool rows of positions 0 .. start + n) per sequence chunk."""
+              device: torch.device, gather: bool = True) -> BatchLayout:
+        """``segments``: (start position, n tokens, pool rows of positions 0 .. start + n) per sequence chunk.
+
+        ``gather=False``: decode steps read their rows in place (no padded gather)."""
         positions, write_rows, prefills, decodes = [], [], [], []
         offset = 0
         for start, n, extents in segments:
@@ -94,7 +96,7 @@ class BatchLayout:
         return cls(torch.cat(positions).to(device), torch.cat(write_rows).to(device), prefills, decodes,
                    torch.tensor([d.token for d in decodes], dtype=torch.long, device=device),
                    torch.tensor(logit_rows, dtype=torch.long, device=device),
-                   DecodeGather.build(decodes, device) if decodes else None)
+                   DecodeGather.build(decodes, device) if decodes and gather else None)
 
 
 def _clip(extents: Extents, end: int) -> Extents:

@@ -17,6 +17,19 @@ def cpu_has_bf16_matmul() -> bool:
     return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
+#: Rows a product is padded to in batch-invariant mode. torch 2.13's CPU BLAS computes a row of
+#: ``x @ W.T`` with another kernel when the product has fewer than 16 rows (its outputs move in the
+#: last bits); from 16 rows on, a row's result does not depend on the row count (docs/design.md).
+INVARIANT_ROWS = 16
+
+
+def padded_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
+    """``x`` with zero rows appended along dim 0 up to ``rows`` (itself if it has as many)."""
+    if x.shape[0] >= rows:
+        return x
+    return torch.cat((x, x.new_zeros(rows - x.shape[0], *x.shape[1:])))
+
+
 class Linear(nn.Linear):
     """``nn.Linear``; in bf16 on a CPU without bf16 instructions, inference runs it as an fp32 GEMM.
 
@@ -25,11 +38,21 @@ class Linear(nn.Linear):
     accumulates in fp32 as a bf16 GEMM does; the output rounds to bf16 as
     usual, so only the order of the sums differs. Costs an fp32 copy of the
     weight, made on first use and renewed whenever the weight changes.
+
+    ``min_rows`` (batch-invariant mode): a 2-D input with fewer rows is
+    padded to that many, so every row's result is the same however many
+    rows share the product.
     """
 
     _fp32: tuple[tuple[int, int], torch.Tensor] | None = None
+    min_rows: int = 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.min_rows and x.dim() == 2 and x.shape[0] < self.min_rows:
+            return self._product(padded_rows(x, self.min_rows))[: x.shape[0]]
+        return self._product(x)
+
+    def _product(self, x: torch.Tensor) -> torch.Tensor:
         if (x.dtype != torch.bfloat16 or x.device.type != "cpu" or cpu_has_bf16_matmul()
                 or (torch.is_grad_enabled() and self.weight.requires_grad)):
             return super().forward(x)
@@ -81,9 +104,11 @@ class Router(nn.Module):
         else:
             self.e_score_correction_bias = None
 
+    min_rows: int = 0  # batch-invariant mode: see Linear
+
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         cfg = self.cfg
-        logits = F.linear(x.float(), self.weight.float())
+        logits = F.linear(padded_rows(x.float(), self.min_rows), self.weight.float())[: x.shape[0]]
         if cfg.scoring_func == "sigmoid":
             scores = logits.sigmoid()
             choice = scores + self.e_score_correction_bias.float()
