@@ -90,10 +90,13 @@ class Closers:
     Inside a string only a closer with a quote ends it; outside, a quote would open one.
     """
 
-    def __init__(self, texts: list[str], mask: torch.Tensor, quoted: torch.Tensor, resets: set[int]):
+    def __init__(self, texts: list[str], mask: torch.Tensor, quoted: torch.Tensor, ends: torch.Tensor,
+                 end_id: int, resets: set[int]):
         self.texts = texts
         self.mask = mask  # [vocab] bool: closers
         self.quoted = quoted  # [vocab] bool: closers with a quote
+        self.ends = ends  # [vocab] bool: the end markers (of the message, of a tool call)
+        self.end_id = end_id  # the end of the message: the grammar's end of sequence
         self.resets = resets  # the tool-call markers: a new JSON value starts after them
 
     @classmethod
@@ -103,10 +106,17 @@ class Closers:
         markers = {tokenizer.end_id, tokenizer.end_tool_call_id}
         mask = torch.tensor([bool(t) and set(t) <= CLOSERS or i in markers for i, t in enumerate(texts)])
         quoted = mask & torch.tensor(['"' in t for t in texts])
-        return cls(texts, mask, quoted, {tokenizer.tool_call_id, tokenizer.end_tool_call_id})
+        ends = torch.tensor([i in markers for i in range(len(texts))])
+        return cls(texts, mask, quoted, ends, tokenizer.end_id, {tokenizer.tool_call_id, tokenizer.end_tool_call_id})
 
     def choices(self, allowed: torch.Tensor, in_string: bool) -> torch.Tensor:
-        """The closing moves among ``allowed`` (may be empty: then the grammar forces the way)."""
+        """The closing moves among ``allowed`` (may be empty: then the grammar forces the way).
+
+        Where an end marker is allowed, only the end markers: free text after a closed tool
+        call allows ``]`` and ``}`` too, and writing them would not close anything."""
+        ends = allowed & self.ends
+        if ends.any():
+            return ends
         return allowed & (self.quoted if in_string else self.mask & ~self.quoted)
 
 
@@ -149,14 +159,17 @@ class GrammarProcessor:
 
     def __call__(self, logits: torch.Tensor, generated: list[int]) -> torch.Tensor:
         allowed = _allowed(self.matcher, self.vocab_size)
-        if self.max_tokens is not None and not self.closing:
+        # Where the message may end, a cut leaves a valid reply: nothing to close (free text).
+        if self.max_tokens is not None and not self.closing and not allowed[self.closers.end_id]:
             left = self.max_tokens - len(generated)
             due = left <= CLOSING_WINDOW and left % CLOSING_EVERY == 0 or left <= CLOSING_SLACK
             self.closing = due and self._closing_length(left) + CLOSING_SLACK + CLOSING_EVERY >= left
         if self.closing:
-            closing = self.closers.choices(allowed, self.scan.in_string)
-            if closing.any():
-                allowed = closing
+            # the shortest way on: a closing move, else the walk's own move (what the grammar
+            # forces, or its first allowed token): the model's free choice could take longer
+            only = torch.zeros_like(allowed)
+            only[_shortest_moves(self.matcher, allowed, self.scan, self.closers)[:1]] = True
+            allowed = allowed & only if (allowed & only).any() else allowed
         logits[: self.vocab_size].masked_fill_(~allowed, float("-inf"))
         logits[self.vocab_size:] = float("-inf")  # padded model vocabulary: never a real token
         return logits
@@ -172,18 +185,23 @@ class GrammarProcessor:
         """Tokens a greedy closing walk takes to finish the structure (more than ``limit``: gave up)."""
         walk, scan, steps = self.matcher.deep_copy(), self.scan, 0
         while steps <= limit and not walk.is_accepting():
-            allowed = _allowed(walk, self.vocab_size)
-            closing = self.closers.choices(allowed, scan.in_string)
-            if closing.any():
-                moves = [int(closing.nonzero()[-1])]
-            else:
-                moves = walk.compute_ff_tokens() or ([int(allowed.nonzero()[0])] if allowed.any() else [])
+            moves = _shortest_moves(walk, _allowed(walk, self.vocab_size), scan, self.closers)
             if not moves or not walk.consume_tokens(moves):
                 return limit + 1
             for move in moves:
                 scan = scan.after(move, self.closers)
             steps += len(moves)
         return steps
+
+
+def _shortest_moves(matcher: llguidance.LLMatcher, allowed: torch.Tensor, scan: StringScan,
+                    closers: Closers) -> list[int]:
+    """The next moves of a greedy closing walk: a closer, else the tokens the grammar forces,
+    else its first allowed token (an empty list: nothing allowed)."""
+    closing = closers.choices(allowed, scan.in_string)
+    if closing.any():
+        return [int(closing.nonzero()[-1])]
+    return matcher.compute_ff_tokens() or ([int(allowed.nonzero()[0])] if allowed.any() else [])
 
 
 def _allowed(matcher: llguidance.LLMatcher, vocab_size: int) -> torch.Tensor:

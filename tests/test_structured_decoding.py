@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 
+import torch
+
 import jsonschema_rs
 import pytest
 from starlette.testclient import TestClient
@@ -215,3 +217,26 @@ def test_evaluate_constrained_decodes_with_the_grammar(capsys):
     agent = result["agent"]
     assert result["constrained"] is True and agent["tool_calls_attempted"] > 0
     assert agent["tool_calls_well_formed"] == agent["tool_calls_attempted"]
+
+
+@pytest.mark.parametrize("left", [1, 3, 8])
+def test_free_text_near_the_budget_is_not_closed(left):
+    """With tools offered, a text reply may stop anywhere: the last tokens of its budget stay free
+    (closing once forced ']' and '}' into plain answers: '12 * 7 + 5]]]]}')."""
+    from leyline_runtime.model.default import default_tokenizer_path
+    from leyline_runtime.server.constraints import request_grammar
+    from leyline_runtime.server.openai_schema import DecodingFields
+    from leyline_runtime.tokenizer import ChatTokenizer
+
+    tok = ChatTokenizer.from_file(default_tokenizer_path())
+    grammar = request_grammar(DecodingFields(tools=UNSEEN_TOOLS, tool_choice="auto"))
+    text = tok.encode("12 * 7 + 5")
+    processor = GrammarCompiler(tok).processor(grammar, max_tokens=len(text) + left)
+    generated: list[int] = []
+    for token in text:
+        processor(torch.zeros(tok.vocab_size), generated)
+        processor.accept(token)
+        generated.append(token)
+    allowed = torch.isfinite(processor(torch.zeros(tok.vocab_size), generated))
+    assert not processor.closing
+    assert allowed[tok.encode(" =")[0]] and allowed[tok.end_id] and allowed.sum() > 1000
