@@ -34,7 +34,7 @@ DEFAULT_PORT = 8000
 # (tests/test_server_cli.py checks they agree).
 SERVE_DEFAULTS = {"dtype": "float32", "device": "cpu", "max_cache_tokens": 65536, "model_name": "leyline-default",
                   "max_num_seqs": 64, "max_batched_tokens": 512}
-DRIFT_BUDGET_DEFAULT = 8.0  # AutoConfig.drift_budget (checked by the same test)
+DRIFT_BUDGET_DEFAULT = 14.0  # AutoConfig.drift_budget (checked by the same test)
 # server.limits.Limits' defaults, for the same reason.
 LIMIT_DEFAULTS = {"max_body_bytes": 8 * 2**20, "max_message_bytes": 2**20, "max_messages": 4096,
                   "body_timeout": 30.0}
