@@ -167,9 +167,10 @@ class GrammarProcessor:
         if self.closing:
             # the shortest way on: a closing move, else the walk's own move (what the grammar
             # forces, or its first allowed token): the model's free choice could take longer
-            only = torch.zeros_like(allowed)
-            only[_shortest_moves(self.matcher, allowed, self.scan, self.closers)[:1]] = True
-            allowed = allowed & only if (allowed & only).any() else allowed
+            moves = _shortest_moves(self.matcher, allowed, self.scan, self.closers)
+            if moves and allowed[moves[0]]:
+                allowed = torch.zeros_like(allowed)
+                allowed[moves[0]] = True
         logits[: self.vocab_size].masked_fill_(~allowed, float("-inf"))
         logits[self.vocab_size:] = float("-inf")  # padded model vocabulary: never a real token
         return logits

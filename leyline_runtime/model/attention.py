@@ -135,9 +135,8 @@ class MLAttention(nn.Module):
         return torch.einsum("bhr,hvr->bhv", padded_rows(latent, self.min_rows), w_uv)[:B].reshape(B, -1)
 
     def _read_rows(self, pool: torch.Tensor, extents) -> list[torch.Tensor]:
-        """A sequence's rows in parts (see :func:`read_rows`); one part in batch-invariant mode."""
-        parts = read_rows(pool, extents)
-        return [torch.cat(parts)] if self.min_rows and len(parts) > 1 else parts
+        """A sequence's rows (see :func:`read_rows`); one part in batch-invariant mode."""
+        return read_rows(pool, extents, 1) if self.min_rows else read_rows(pool, extents)
 
     def _gathered_latent_attention(self, q: torch.Tensor, pool: torch.Tensor, gather: DecodeGather) -> torch.Tensor:
         """q [B, H, r + rope] over each sequence's padded rows -> [B, H, r]; padding scores -inf."""

@@ -24,10 +24,11 @@ MAX_EXTENTS = 8
 MAX_DECODE_GATHER_ROWS = 1 << 16
 
 
-def read_rows(pool: torch.Tensor, extents: Extents) -> list[torch.Tensor]:
-    """The rows of ``extents`` as views of ``pool``, or one gathered copy when there are many runs."""
+def read_rows(pool: torch.Tensor, extents: Extents, max_parts: int = MAX_EXTENTS) -> list[torch.Tensor]:
+    """The rows of ``extents`` as views of ``pool``, or one gathered copy when there are more than
+    ``max_parts`` runs."""
     parts = [pool[row: row + n] for row, n in extents]
-    if len(parts) > MAX_EXTENTS:
+    if len(parts) > max_parts:
         return [torch.cat(parts)]
     return parts
 
