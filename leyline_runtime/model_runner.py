@@ -6,7 +6,7 @@ import torch
 
 from .kv_cache import BlockPool
 from .model import DeepseekForCausalLM
-from .model.batch import BatchLayout
+from .model.batch import BatchLayout, GatherScratch
 from .scheduler import Chunk
 
 
@@ -14,6 +14,7 @@ class ModelRunner:
     def __init__(self, model: DeepseekForCausalLM, pool: BlockPool):
         self.model = model
         self.pool = pool
+        self.scratch = GatherScratch()  # decode gathers of every step land here
 
     @property
     def device(self) -> torch.device:
@@ -31,7 +32,8 @@ class ModelRunner:
             logit_rows.extend(range(offset + n - k, offset + n))
             wanted.append(k)
             offset += n
-        layout = BatchLayout.build(segments, logit_rows, self.device, gather=not self.model.batch_invariant)
+        layout = BatchLayout.build(segments, logit_rows, self.device, gather=not self.model.batch_invariant,
+                                    scratch=self.scratch)
         logits = self.model.forward_batch(torch.tensor(ids, dtype=torch.long, device=self.device),
                                           self.pool.rows, layout)
         outs, at = [], 0

@@ -101,31 +101,42 @@ def test_batch_invariant_mode_makes_batched_bit_equal_to_solo(rt_invariant, monk
         assert torch.equal(logprob_table(x), logprob_table(y))
 
 
-def test_gathered_decode_attention_equals_reading_rows_in_place(rt, monkeypatch):
-    """Decode steps batched over one padded gather of their rows == each over its rows in place."""
+def test_grouped_attention_equals_each_sequence_reading_its_rows_in_place(rt):
+    """Short prefill runs, and decode steps over short histories, attending in groups over padded
+    gathers of their rows == each sequence over its rows in place."""
     from leyline_runtime.kv_cache import BlockTable, ensure_capacity
     from leyline_runtime.model import batch
 
     pool, gen = rt.pool, torch.Generator().manual_seed(0)
-    lengths = [3, 40, 17, 200, 129, 64]
+    # (cached rows, new tokens): decode steps over short histories (a group), one over a long one;
+    # short prefills: two of similar work (a group), one that padding would double (alone), two of far
+    # more work (a second group); one long prefill
+    long_decode = batch.MAX_GROUPED_DECODE_ROWS + 40
+    shapes = [(3, 1), (200, 1), (160, 1), (long_decode, 1), (40, 8), (0, 12), (37, 6), (900, 20),
+              (880, batch.MAX_GROUPED_PREFILL), (30, batch.MAX_GROUPED_PREFILL + 9)]
     tables = []
-    for n in lengths:
+    for cached, n in shapes:
         tables.append(BlockTable(pool.block_size))
-        ensure_capacity(pool, tables[-1], n)
+        ensure_capacity(pool, tables[-1], cached + n)
     try:
-        for t, n in zip(tables, lengths):
-            pool.rows[:, t.rows(0, n)] = torch.randn(pool.rows.shape[0], n, pool.rows.shape[2], generator=gen)
-        ids = torch.randint(0, rt.model.config.vocab_size, (len(lengths),), generator=gen)
+        for t, (cached, _) in zip(tables, shapes):
+            if cached:
+                pool.rows[:, t.rows(0, cached)] = torch.randn(pool.rows.shape[0], cached, pool.rows.shape[2],
+                                                             generator=gen)
+        total = sum(n for _, n in shapes)
+        ids = torch.randint(0, rt.model.config.vocab_size, (total,), generator=gen)
 
-        def logits():
-            segments = [(n - 1, 1, t.extents(n)) for t, n in zip(tables, lengths)]
-            layout = batch.BatchLayout.build(segments, list(range(len(lengths))), pool.rows.device)
-            return layout.decode_gather is not None, rt.model.forward_batch(ids, pool.rows, layout)
+        def logits(gather: bool):
+            segments = [(cached, n, t.extents(cached + n)) for t, (cached, n) in zip(tables, shapes)]
+            layout = batch.BatchLayout.build(segments, list(range(total)), pool.rows.device, gather=gather)
+            return layout, rt.model.forward_batch(ids, pool.rows, layout)
 
-        gathered, a = logits()
-        monkeypatch.setattr(batch, "MAX_DECODE_GATHER_ROWS", 0)
-        in_place, b = logits()
-        assert gathered and not in_place
+        grouped, a = logits(True)
+        alone, b = logits(False)
+        assert [g.shape for g in grouped.groups] == [(2, batch.MAX_GROUPED_PREFILL, 920), (2, 8, 48),
+                                                     (2, 1, 201)]
+        assert len(grouped.prefills) == 2 and len(grouped.decodes) == 2  # (3, 1) alone: padding
+        assert not alone.groups and len(alone.decodes) == 4 and len(alone.prefills) == 6
         assert fp32_diff(a, b) <= 1e-5
     finally:
         for t in tables:

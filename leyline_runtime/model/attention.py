@@ -8,7 +8,9 @@ Two paths share the weights:
   ``[c_kv | k_pe]`` (one row of ``kv_lora_rank + qk_rope_head_dim`` per token
   and layer), for a batch of sequences. Decode steps absorb ``kv_b_proj``
   into the query and the output (MQA over the latent); long prefill runs
-  expand the keys per head once, where that is cheaper.
+  expand the keys per head once, where that is cheaper. Short prefill runs
+  of several sequences attend as one group over a padded gather of their
+  rows.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .batch import BatchLayout, DecodeGather, PrefillSegment, read_rows
+from .batch import BatchLayout, GatherGroup, PrefillSegment, read_rows
 from .config import MLAConfig
 from .layers import Linear, RMSNorm, padded_rows
 from .rope import rotate_half_split
@@ -106,6 +108,9 @@ class MLAttention(nn.Module):
         if layout.decodes:
             d = layout.decode_tokens
             out[d] = self._decode_attention(q_nope[d], q_pe[d], pool, layout)
+        for group in layout.groups:
+            t = group.tokens
+            out[t] = self._grouped_attention(q_nope[t], q_pe[t], pool, group)
         return self.o_proj(out)
 
     def _weights(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -115,35 +120,40 @@ class MLAttention(nn.Module):
         return w[:, : cfg.qk_nope_head_dim], w[:, cfg.qk_nope_head_dim:]
 
     def _decode_attention(self, q_nope, q_pe, pool, layout: BatchLayout) -> torch.Tensor:
-        """One query per sequence at its last position: absorbed MQA over its latent rows.
+        """One query per sequence at its last position: absorbed MQA over its latent rows read in place.
 
-        The projections through ``kv_b_proj`` run for all sequences at once;
-        the product with the rows runs batched over a padded gather of them
-        (short sequences), or per sequence over its rows read in place.
+        The projections through ``kv_b_proj`` run for all sequences at once.
         """
         cfg = self.cfg
         B, r = q_nope.shape[0], cfg.kv_lora_rank
         w_uk, w_uv = self._weights()
         absorbed = torch.einsum("bhn,hnr->bhr", padded_rows(q_nope, self.min_rows), w_uk)[:B]
         q = torch.cat((absorbed, q_pe), dim=-1)  # [B, H, r + rope]
-        if layout.decode_gather is not None:
-            latent = self._gathered_latent_attention(q, pool, layout.decode_gather)
-        else:
-            latent = q.new_empty(B, self.num_heads, r)
-            for b, step in enumerate(layout.decodes):
-                latent[b] = self._latent_attention(q[b], self._read_rows(pool, step.rows))
+        latent = q.new_empty(B, self.num_heads, r)
+        for b, step in enumerate(layout.decodes):
+            latent[b] = self._latent_attention(q[b], self._read_rows(pool, step.rows))
         return torch.einsum("bhr,hvr->bhv", padded_rows(latent, self.min_rows), w_uv)[:B].reshape(B, -1)
 
     def _read_rows(self, pool: torch.Tensor, extents) -> list[torch.Tensor]:
         """A sequence's rows (see :func:`read_rows`); one part in batch-invariant mode."""
         return read_rows(pool, extents, 1) if self.min_rows else read_rows(pool, extents)
 
-    def _gathered_latent_attention(self, q: torch.Tensor, pool: torch.Tensor, gather: DecodeGather) -> torch.Tensor:
-        """q [B, H, r + rope] over each sequence's padded rows -> [B, H, r]; padding scores -inf."""
-        rows = pool[gather.rows].to(q.dtype)  # [B, L, r + rope]
-        scores = (q @ rows.transpose(1, 2)).float() * self.scale + gather.bias
-        probs = scores.softmax(dim=-1).to(q.dtype)
-        return probs @ rows[..., : self.cfg.kv_lora_rank]
+    def _grouped_attention(self, q_nope, q_pe, pool, group: GatherGroup) -> torch.Tensor:
+        """The group's n queries (q_nope [n, H, nope], q_pe [n, H, rope]) -> [n, H * v].
+
+        Absorbed MQA: every member's query slots and heads are the rows of one
+        product with its padded rows; the bias hides padding and the future.
+        """
+        cfg = self.cfg
+        (S, Q, L), H, r = group.shape, self.num_heads, cfg.kv_lora_rank
+        w_uk, w_uv = self._weights()
+        q = torch.cat((torch.einsum("thn,hnr->thr", q_nope, w_uk), q_pe), dim=-1)  # [n, H, r + rope]
+        q = q[group.slots].transpose(1, 2).reshape(S, H * Q, -1)  # [S, H * Q, r + rope]
+        rows = group.read(pool).to(q.dtype)  # [S, L, r + rope]
+        scores = (q @ rows.transpose(1, 2)).float().view(S, H, Q, L) * self.scale + group.bias
+        probs = scores.softmax(dim=-1).to(q.dtype).view(S, H * Q, L)
+        latent = (probs @ rows[..., :r]).view(S, H, Q, r).transpose(1, 2).reshape(S * Q, H, r)[group.real]
+        return torch.einsum("thr,hvr->thv", latent, w_uv).flatten(1)
 
     def _latent_attention(self, q: torch.Tensor, parts: list[torch.Tensor]) -> torch.Tensor:
         """q [H, r + rope] over the rows of ``parts`` -> [H, r]; V is the row's latent (its first r columns)."""
