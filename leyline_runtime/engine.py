@@ -37,8 +37,7 @@ class Engine:
                  max_batched_tokens: int = 512, max_num_seqs: int = 64, batch_invariant: bool = False):
         self.model = model
         self.pool = pool
-        model.set_batch_invariant(batch_invariant)
-        self.runner = ModelRunner(model, pool)
+        self.runner = ModelRunner(model, pool, batch_invariant)
         self.scheduler = Scheduler(max_batched_tokens, prefill_chunk, max_num_seqs,
                                    invariant_chunk=max_batched_tokens if batch_invariant else None)
         self._wakeup = threading.Condition()

@@ -7,14 +7,21 @@ import torch
 from .kv_cache import BlockPool
 from .model import DeepseekForCausalLM
 from .model.batch import BatchLayout, GatherScratch
+from .model.layers import invariant_products
 from .scheduler import Chunk
 
 
 class ModelRunner:
-    def __init__(self, model: DeepseekForCausalLM, pool: BlockPool):
+    """``batch_invariant``: a sequence's logits do not depend on what it is batched with: every
+    product over a step's rows gets at least :data:`.model.layers.INVARIANT_ROWS` rows and each
+    sequence attends alone, over its rows gathered into one tensor (the scheduler also cuts
+    prefills at fixed points). Costs a lone decode step padded products."""
+
+    def __init__(self, model: DeepseekForCausalLM, pool: BlockPool, batch_invariant: bool = False):
         self.model = model
         self.pool = pool
-        self.scratch = GatherScratch()  # decode gathers of every step land here
+        self.batch_invariant = batch_invariant
+        self.scratch = GatherScratch()  # every step's group gathers land here
 
     @property
     def device(self) -> torch.device:
@@ -32,10 +39,11 @@ class ModelRunner:
             logit_rows.extend(range(offset + n - k, offset + n))
             wanted.append(k)
             offset += n
-        layout = BatchLayout.build(segments, logit_rows, self.device, gather=not self.model.batch_invariant,
+        layout = BatchLayout.build(segments, logit_rows, self.device, gather=not self.batch_invariant,
                                     scratch=self.scratch)
-        logits = self.model.forward_batch(torch.tensor(ids, dtype=torch.long, device=self.device),
-                                          self.pool.rows, layout)
+        with invariant_products(self.batch_invariant):
+            logits = self.model.forward_batch(torch.tensor(ids, dtype=torch.long, device=self.device),
+                                              self.pool.rows, layout)
         outs, at = [], 0
         for k in wanted:
             outs.append(logits[at: at + k] if k else None)

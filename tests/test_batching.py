@@ -94,6 +94,26 @@ def test_batched_greedy_tokens_and_logprobs_equal_solo(rt, monkeypatch):
         assert ((lp_x - lp_y).abs().amax(dim=1) / scale).max().item() <= 3e-5
 
 
+def test_runtimes_sharing_one_model_keep_their_own_mode(rt):
+    """Batch-invariant mode belongs to the engine, not to the weights: an invariant runtime built on
+    the same model object leaves a default runtime's results as they were."""
+    history = histories()[0]
+
+    def lone(runtime) -> torch.Tensor:
+        sid = runtime.create_session(SessionCreate(messages=history)).session_id
+        try:
+            return logprob_table(runtime.generate(sid, request()))
+        finally:
+            runtime.delete_session(sid)
+
+    before = lone(rt)
+    invariant = Runtime(RuntimeConfig(max_cache_tokens=4096, batch_invariant=True), model=rt.model,
+                        tokenizer=rt.tokenizer)
+    padded = lone(invariant)
+    assert torch.equal(lone(rt), before)
+    assert not torch.equal(padded, before)  # the modes differ on a lone sequence: the check has teeth
+
+
 def test_batch_invariant_mode_makes_batched_bit_equal_to_solo(rt_invariant, monkeypatch):
     for x, y in solo_and_batched(rt_invariant, monkeypatch):
         assert x.message == y.message

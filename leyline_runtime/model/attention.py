@@ -21,7 +21,7 @@ from torch import nn
 
 from .batch import BatchLayout, GatherGroup, PrefillSegment, read_rows
 from .config import MLAConfig
-from .layers import Linear, RMSNorm, padded_rows
+from .layers import Linear, RMSNorm, invariant_rows, padded_rows
 from .rope import rotate_half_split
 
 
@@ -43,11 +43,6 @@ class MLAttention(nn.Module):
         self.kv_b_proj = Linear(cfg.kv_lora_rank, H * (cfg.qk_nope_head_dim + cfg.v_head_dim), bias=False)
         self.o_proj = Linear(H * cfg.v_head_dim, h, bias=cfg.attention_bias)
         self.scale = cfg.softmax_scale
-        # Batch-invariant mode (DeepseekForCausalLM.set_batch_invariant): products over a
-        # decode batch's rows padded to this many, each sequence's attention over its rows
-        # gathered into one tensor, so a sequence's result does not depend on its neighbours
-        # or on how its blocks lie in the pool.
-        self.min_rows = 0
 
     # -- shared pieces -----------------------------------------------------------
 
@@ -127,16 +122,19 @@ class MLAttention(nn.Module):
         cfg = self.cfg
         B, r = q_nope.shape[0], cfg.kv_lora_rank
         w_uk, w_uv = self._weights()
-        absorbed = torch.einsum("bhn,hnr->bhr", padded_rows(q_nope, self.min_rows), w_uk)[:B]
+        # batch-invariant mode: products over the decode batch padded, each sequence's rows in one
+        # tensor, so a sequence's result depends neither on its neighbours nor on where its blocks lie
+        rows = invariant_rows()
+        absorbed = torch.einsum("bhn,hnr->bhr", padded_rows(q_nope, rows), w_uk)[:B]
         q = torch.cat((absorbed, q_pe), dim=-1)  # [B, H, r + rope]
         latent = q.new_empty(B, self.num_heads, r)
         for b, step in enumerate(layout.decodes):
             latent[b] = self._latent_attention(q[b], self._read_rows(pool, step.rows))
-        return torch.einsum("bhr,hvr->bhv", padded_rows(latent, self.min_rows), w_uv)[:B].reshape(B, -1)
+        return torch.einsum("bhr,hvr->bhv", padded_rows(latent, rows), w_uv)[:B].reshape(B, -1)
 
     def _read_rows(self, pool: torch.Tensor, extents) -> list[torch.Tensor]:
         """A sequence's rows (see :func:`read_rows`); one part in batch-invariant mode."""
-        return read_rows(pool, extents, 1) if self.min_rows else read_rows(pool, extents)
+        return read_rows(pool, extents, 1) if invariant_rows() else read_rows(pool, extents)
 
     def _grouped_attention(self, q_nope, q_pe, pool, group: GatherGroup) -> torch.Tensor:
         """The group's n queries (q_nope [n, H, nope], q_pe [n, H, rope]) -> [n, H * v].

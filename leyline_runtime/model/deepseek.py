@@ -10,7 +10,7 @@ from torch import nn
 from .attention import MLAttention
 from .batch import BatchLayout
 from .config import MLAConfig
-from .layers import INVARIANT_ROWS, MLP, Linear, MoE, RMSNorm, Router
+from .layers import MLP, Linear, MoE, RMSNorm
 from .rope import RotaryEmbedding
 
 
@@ -62,22 +62,6 @@ class DeepseekForCausalLM(nn.Module):
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.rotary = RotaryEmbedding(config)
-
-    @property
-    def batch_invariant(self) -> bool:
-        return self.lm_head.min_rows > 0
-
-    def set_batch_invariant(self, on: bool) -> None:
-        """Batch-invariant serving: a sequence's logits do not depend on what it is batched with.
-
-        Every product over the tokens of a step gets at least :data:`.layers.INVARIANT_ROWS`
-        rows, and each decode step attends over its own rows gathered into one tensor (the
-        engine also cuts prefills at fixed points). Costs a lone decode step padded products.
-        """
-        rows = INVARIANT_ROWS if on else 0
-        for module in self.modules():
-            if isinstance(module, (Linear, Router, MLAttention)):
-                module.min_rows = rows
 
     @property
     def dtype(self) -> torch.dtype:

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 
 import torch
 import torch.nn.functional as F
@@ -23,6 +26,27 @@ def cpu_has_bf16_matmul() -> bool:
 INVARIANT_ROWS = 16
 
 
+# Batch-invariant mode is a property of the forward being run, not of the weights: several
+# engines may share one model, each in its own mode (the engine thread sets it per step).
+_invariant_rows: ContextVar[int] = ContextVar("leyline_invariant_rows", default=0)
+
+
+@contextmanager
+def invariant_products(on: bool = True) -> Iterator[None]:
+    """Within this block (in this thread), products over a step's rows are padded to
+    :data:`INVARIANT_ROWS` rows: a row's result does not depend on how many rows share it."""
+    token = _invariant_rows.set(INVARIANT_ROWS if on else 0)
+    try:
+        yield
+    finally:
+        _invariant_rows.reset(token)
+
+
+def invariant_rows() -> int:
+    """Rows every product is padded to now (0: no padding, the default)."""
+    return _invariant_rows.get()
+
+
 def padded_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
     """``x`` with zero rows appended along dim 0 up to ``rows`` (itself if it has as many)."""
     if x.shape[0] >= rows:
@@ -39,17 +63,17 @@ class Linear(nn.Linear):
     usual, so only the order of the sums differs. Costs an fp32 copy of the
     weight, made on first use and renewed whenever the weight changes.
 
-    ``min_rows`` (batch-invariant mode): a 2-D input with fewer rows is
-    padded to that many, so every row's result is the same however many
-    rows share the product.
+    In batch-invariant mode (:func:`invariant_products`) a 2-D input with fewer
+    rows is padded to :data:`INVARIANT_ROWS`, so every row's result is the same
+    however many rows share the product.
     """
 
     _fp32: tuple[tuple[int, int], torch.Tensor] | None = None
-    min_rows: int = 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.min_rows and x.dim() == 2 and x.shape[0] < self.min_rows:
-            return self._product(padded_rows(x, self.min_rows))[: x.shape[0]]
+        rows = invariant_rows()
+        if rows and x.dim() == 2 and x.shape[0] < rows:
+            return self._product(padded_rows(x, rows))[: x.shape[0]]
         return self._product(x)
 
     def _product(self, x: torch.Tensor) -> torch.Tensor:
@@ -104,11 +128,10 @@ class Router(nn.Module):
         else:
             self.e_score_correction_bias = None
 
-    min_rows: int = 0  # batch-invariant mode: see Linear
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         cfg = self.cfg
-        logits = F.linear(padded_rows(x.float(), self.min_rows), self.weight.float())[: x.shape[0]]
+        logits = F.linear(padded_rows(x.float(), invariant_rows()), self.weight.float())[: x.shape[0]]
         if cfg.scoring_func == "sigmoid":
             scores = logits.sigmoid()
             choice = scores + self.e_score_correction_bias.float()
