@@ -28,7 +28,8 @@ import httpx
 
 from leyline_sdk import LeylineClient
 from leyline_sdk.diff import apply_directives
-from leyline_sdk.protocol import Message
+from leyline_sdk.protocol import Directive, Message
+from leyline_sdk.tools_prompt import TOOLS_MESSAGE_ID, TOOLS_PREAMBLE
 
 from .output import md_table, write_results
 
@@ -83,11 +84,13 @@ def run(args) -> dict:
 def _edit_cell(client, base_url, tok, renderer, n_tokens: int, position: float, repeats: int) -> dict:
     from .histories import history_of_length, make_edit
 
-    history = history_of_length(tok, n_tokens)
+    history = api_layout(history_of_length(tok, n_tokens))
     edit = make_edit(tok, history, position, "message")
-    edited = apply_directives(history, [edit.directive])
     arms: dict[str, list[dict]] = {"amortize": [], "forget": [], "vllm_resend": []}
     for r in range(repeats):
+        # each repeat clears the output with its own text, so vLLM's prefix cache (where vLLM
+        # enables it) cannot serve a resend the edited prompt of an earlier repeat
+        edited = apply_directives(history, [_numbered(edit.directive, r)])
         for arm in _rotated(list(arms), r):  # the arms take turns, order rotated per repeat
             arms[arm].append(_measure(client, base_url, renderer, arm, history, edited))
     cell = {"position": position, "history_tokens": n_tokens, "edit_start_token": edit.start_token,
@@ -100,6 +103,12 @@ def _edit_cell(client, base_url, tok, renderer, n_tokens: int, position: float, 
     for arm in ("amortize", "forget"):
         cell[arm]["speedup_vs_resend"] = base / cell[arm]["latency_s"] if cell[arm]["latency_s"] else None
     return cell
+
+
+def _numbered(directive: Directive, repeat: int) -> Directive:
+    first, *rest = directive.replacement
+    marked = first.model_copy(update={"content": f"{first.content} (check {repeat + 1})"})
+    return directive.model_copy(update={"replacement": [marked, *rest]})
 
 
 def _measure(client: LeylineClient, base_url: str, renderer, arm: str, history: list[Message],
@@ -166,7 +175,7 @@ def _replay(client, base_url: str, renderer, path: str, limit: int | None, max_t
                "leyline_cached": 0, "vllm_prefix_bound": 0}
         previous: list[int] | None = None
         for turn in trace["turns"]:
-            messages = [Message.model_validate(m) for m in turn]
+            messages = api_layout([Message.model_validate(m) for m in turn])
             ids = renderer.ids(messages, generation_prompt=True)
             plain = _complete(base_url, ids)
             bound = _post(base_url, {"model": MODEL, "messages": [m.model_dump(exclude_none=True) for m in messages],
@@ -184,6 +193,21 @@ def _replay(client, base_url: str, renderer, path: str, limit: int | None, max_t
     hit = {k: totals[k] / totals["prompt"] if totals["prompt"] else None
            for k in ("vllm_cached", "leyline_cached", "vllm_prefix_bound")}
     return {"traces": per_trace, "totals": totals, "hit_rate": hit}
+
+
+def api_layout(messages: list[Message]) -> list[Message]:
+    """The benchmark histories carry the tools block inside the system prompt (as the default
+    model was trained); sent through an API it is Leyline's own tools message (the one message
+    allowed to spell the call markers, ``leyline_sdk.tools_prompt``) before the system prompt,
+    which is how the chat routes and the LangChain adapter lay a prompt out."""
+    first = messages[0] if messages else None
+    if first is None or first.role != "system" or TOOLS_PREAMBLE not in first.content:
+        return messages
+    prompt, tools = first.content.split(TOOLS_PREAMBLE, 1)
+    head = [Message(role="system", content=TOOLS_PREAMBLE + tools, id=TOOLS_MESSAGE_ID)]
+    if prompt.strip():
+        head.append(Message(role="system", content=prompt.rstrip("\n")))
+    return head + messages[1:]
 
 
 def _block_prefix(previous: list[int] | None, ids: list[int], block: int = 16) -> int:

@@ -11,8 +11,9 @@ gathered into one tensor instead.
 Short prefill runs (a new user message or tool result) of several sequences
 attend together: a :class:`GatherGroup` runs one padded product over one
 gather of their rows, as a prefill alone costs a few dozen small operators
-per layer (8 runs of 2-30 tokens over 100-2000 rows: 99 ms grouped vs 119 ms
-one at a time). Decode steps do so only over short histories: one query
+per layer (one forward of eleven 4-token runs beside 5 decode steps, 150-550
+rows each: 32.8 ms grouped vs 49-61 ms one at a time; over 100-2000 rows the
+difference was within noise). Decode steps do so only over short histories: one query
 reads its rows in place for about what a gather's copy costs from ~500 rows
 on (16 steps at 256 rows: 19.6 ms gathered, 21.0 in place; at 512: 24.9 vs
 24.3; 32 steps over 500-1500 rows: 72.8 vs 52.7 ms).
@@ -21,6 +22,7 @@ on (16 steps at 256 rows: 19.6 ms gathered, 21.0 in place; at 512: 24.9 vs
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -47,6 +49,25 @@ def read_rows(pool: torch.Tensor, extents: Extents, max_parts: int = MAX_EXTENTS
     if len(parts) > max_parts:
         return [torch.cat(parts)]
     return parts
+
+
+class Run(NamedTuple):
+    """A sequence's tokens in the batch: ``n`` of them from batch row ``first``, at positions
+    ``start ..``, whose sequence's rows (positions ``0 .. start + n``) lie at ``extents``."""
+
+    first: int
+    n: int
+    start: int
+    extents: Extents
+
+    @property
+    def rows(self) -> int:
+        return self.start + self.n
+
+    @property
+    def work(self) -> int:
+        """Queries x rows: what its attention costs."""
+        return self.n * self.rows
 
 
 @dataclass
@@ -105,26 +126,23 @@ class GatherGroup:
     scratch: GatherScratch
 
     @classmethod
-    def build(cls, members: list[tuple[int, int, int, Extents]], device: torch.device,
+    def build(cls, members: list[Run], device: torch.device,
               scratch: GatherScratch | None = None) -> GatherGroup | None:
-        """``members``: (first batch row, queries n, start position, pool rows of positions 0 .. start + n).
-
-        None where a group does not pay (fewer than two members) or would gather too many rows."""
-        lengths = [start + n for _, n, start, _ in members]
-        S, Q, L = len(members), max(n for _, n, _, _ in members), max(lengths)
+        """None where a group does not pay (fewer than two members) or would gather too many rows."""
+        S, Q, L = len(members), max(m.n for m in members), max(m.rows for m in members)
         if S < 2 or S * L > MAX_GATHER_ROWS:
             return None
         rows = torch.zeros(S, L, dtype=torch.long)
         slots, real, tokens, last_seen = torch.empty(S, Q, dtype=torch.long), [], [], []
         at = 0
-        for s, ((first, n, start, extents), length) in enumerate(zip(members, lengths)):
-            rows[s, :length] = _rows_of(extents, 0, length)
-            slots[s] = torch.arange(at, at + Q).clamp(max=at + n - 1)
-            real.extend(range(s * Q, s * Q + n))
-            tokens.extend(range(first, first + n))
+        for s, m in enumerate(members):
+            rows[s, :m.rows] = _rows_of(m.extents, 0, m.rows)
+            slots[s] = torch.arange(at, at + Q).clamp(max=at + m.n - 1)
+            real.extend(range(s * Q, s * Q + m.n))
+            tokens.extend(range(m.first, m.first + m.n))
             # the last row each slot may see (a padding slot: its member's last)
-            last_seen.append(torch.arange(start, start + Q).clamp(max=length - 1))
-            at += n
+            last_seen.append(torch.arange(m.start, m.start + Q).clamp(max=m.rows - 1))
+            at += m.n
         visible = torch.arange(L)[None, None, :] <= torch.stack(last_seen)[:, :, None]  # [S, Q, L]
         bias = torch.zeros(S, 1, Q, L).masked_fill(~visible[:, None], float("-inf"))
         return cls(slots.to(device), torch.tensor(real, device=device), torch.tensor(tokens, device=device),
@@ -169,12 +187,12 @@ class BatchLayout:
         for start, n, extents in segments:
             positions.append(torch.arange(start, start + n))
             write_rows.append(_rows_of(extents, start, start + n))
-            (decodes if n == 1 else prefill_runs).append((offset, n, start, extents))
+            (decodes if n == 1 else prefill_runs).append(Run(offset, n, start, extents))
             offset += n
         groups = []
         if gather:
-            prefill_runs = _group(prefill_runs, lambda m: m[1] <= MAX_GROUPED_PREFILL, groups, device, scratch)
-            decodes = _group(decodes, lambda m: m[2] < MAX_GROUPED_DECODE_ROWS, groups, device, scratch)
+            prefill_runs = _group(prefill_runs, lambda r: r.n <= MAX_GROUPED_PREFILL, groups, device, scratch)
+            decodes = _group(decodes, lambda r: r.rows <= MAX_GROUPED_DECODE_ROWS, groups, device, scratch)
         prefills = [PrefillSegment(slice(first, first + n), start, _clip(extents, start))
                     for first, n, start, extents in prefill_runs]
         decodes = [DecodeStep(first, extents) for first, _, _, extents in decodes]
@@ -183,10 +201,10 @@ class BatchLayout:
                    torch.tensor(logit_rows, dtype=torch.long, device=device), groups)
 
 
-def _group(members: list, eligible, groups: list[GatherGroup], device, scratch) -> list:
-    """Form groups of the ``eligible`` members (appended to ``groups``); -> the members left alone."""
-    alone = [m for m in members if not eligible(m)]
-    for bucket in _buckets([m for m in members if eligible(m)]):
+def _group(runs: list[Run], eligible, groups: list[GatherGroup], device, scratch) -> list[Run]:
+    """Form groups of the ``eligible`` runs (appended to ``groups``); -> the runs left alone."""
+    alone = [r for r in runs if not eligible(r)]
+    for bucket in _buckets([r for r in runs if eligible(r)]):
         group = GatherGroup.build(bucket, device, scratch)
         if group is None:
             alone.extend(bucket)
@@ -195,21 +213,18 @@ def _group(members: list, eligible, groups: list[GatherGroup], device, scratch) 
     return sorted(alone)
 
 
-def _buckets(members: list) -> list[list]:
-    """``members`` (first row, n, start, extents) split into groups of similar size, largest first,
-    so that padding stays within :data:`MAX_GROUP_PADDING` of each group's own work."""
-    def work(m) -> int:
-        return m[1] * (m[2] + m[1])  # queries x rows
-
-    buckets: list[list] = []
-    for m in sorted(members, key=work, reverse=True):
-        b = buckets[-1] if buckets else None
-        if b is not None:
-            queries, rows = max(x[1] for x in (*b, m)), max(x[2] + x[1] for x in (*b, m))
-            if (len(b) + 1) * queries * rows <= MAX_GROUP_PADDING * (sum(map(work, b)) + work(m)):
-                b.append(m)
+def _buckets(runs: list[Run]) -> list[list[Run]]:
+    """``runs`` split into groups of similar size, largest first, so that padding stays within
+    :data:`MAX_GROUP_PADDING` of each group's own work."""
+    buckets: list[list[Run]] = []
+    for run in sorted(runs, key=lambda r: r.work, reverse=True):
+        if buckets:
+            bucket = [*buckets[-1], run]
+            padded = len(bucket) * max(r.n for r in bucket) * max(r.rows for r in bucket)
+            if padded <= MAX_GROUP_PADDING * sum(r.work for r in bucket):
+                buckets[-1] = bucket
                 continue
-        buckets.append([m])
+        buckets.append([run])
     return buckets
 
 

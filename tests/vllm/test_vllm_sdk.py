@@ -146,3 +146,20 @@ def test_langgraph_agent_example_same_directives_as_bundled_runtime(base_url, ch
     print(f"\nLangGraph example: vLLM {on_vllm}, bundled runtime {on_bundled}")
     assert on_vllm["directives"] > 0
     assert on_vllm == on_bundled
+
+
+def test_benchmark_histories_in_api_layout_are_accepted(client):
+    """`leyline-bench vllm` sends the agent histories with the tools block as Leyline's tools message
+    (the one message that may spell the call markers); inside a system prompt they are refused."""
+    from leyline_bench.histories import history_of_length
+    from leyline_bench.vllm import api_layout
+    from leyline_runtime.tokenizer import ChatTokenizer
+    from leyline_bench.vllm_model import runtime_tokenizer_file
+
+    history = history_of_length(ChatTokenizer.from_file(runtime_tokenizer_file()), 512)
+    with pytest.raises(ValidationFailed):
+        client.create_session(history, session_id=f"raw-{uuid.uuid4().hex[:8]}")
+    sid = f"api-{uuid.uuid4().hex[:8]}"
+    info = client.create_session(api_layout(history), session_id=sid)
+    assert info.num_messages == len(history) + 1
+    client.delete_session(sid)
