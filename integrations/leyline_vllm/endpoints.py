@@ -164,7 +164,7 @@ def build_router(original_chat: APIRoute | None) -> APIRouter:
     @handle
     async def generate(request: Request, session_id: str):
         body = _parse(GenerateRequest, await _body(request) or {})
-        response, _ = await _service(request).generate(_check_id(session_id), body)
+        response = await _service(request).generate(_check_id(session_id), body)
         if body.stream:  # the runtime's event stream, in one piece: this plugin does not stream tokens
             return StreamingResponse(iter(_events_in_one_piece(response)), media_type="text/event-stream")
         return response.model_dump(mode="json")

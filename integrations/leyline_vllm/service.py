@@ -154,11 +154,12 @@ class LeylineService:
                                 usage=Usage(prompt_tokens=n, cached_tokens=n - sync.computed,
                                             prefill_tokens=sync.computed, total_tokens=n))
 
-    async def generate(self, sid: str, body: GenerateRequest) -> tuple[GenerateResponse, Sync]:
+    async def generate(self, sid: str, body: GenerateRequest) -> GenerateResponse:
         session = self.get(sid)
         async with session.lock:
             _check_version(session, body.expected_version)
-            return await self._generate(session, body)
+            response, _, _ = await self._generate(session, body)
+            return response
 
     async def apply(self, batch: DirectiveBatch) -> DirectiveResult:
         session = self.get(batch.session_id)
@@ -168,21 +169,25 @@ class LeylineService:
 
     async def chat(self, sid: str, messages: list[Message], mode: Mode, sampling: GenerateRequest) -> ChatTurn:
         """A session-bound chat request: diff the history against the session's, apply the edits as one
-        batch, generate. A session that does not exist is built from the request."""
+        batch, generate. A session that does not exist is built from the request.
+
+        The edits and the generation run as one prompt through vLLM (two where an amortized
+        replacement must be prefilled first): applying the batch on its own and then generating
+        would load the whole history's rows a second time."""
         rebuilt = sid not in self.sessions
         if rebuilt:
             await self.create(SessionCreate(session_id=sid))
         session = self.get(sid)
         async with session.lock:
-            outcomes, tail = [], list(messages)
+            batch, tail = None, list(messages)
             if not rebuilt:
                 directives, tail = split_append(session.messages, messages, mode=mode)
                 if len(directives) > MAX_DIRECTIVES:
                     raise InvalidDirective(f"{len(directives)} edits in one request; the limit is {MAX_DIRECTIVES}")
                 if directives:
                     batch = DirectiveBatch(session_id=sid, directives=directives)
-                    outcomes = (await self._apply(session, batch)).outcomes
-            response, _ = await self._generate(session, sampling.model_copy(update={"messages": tail}))
+            body = sampling.model_copy(update={"messages": tail})
+            response, _, outcomes = await self._generate(session, body, edits=batch)
         return ChatTurn(response, outcomes, len(tail), rebuilt)
 
     # -- the steps (callers hold the session's lock) ------------------------------------------
@@ -197,39 +202,50 @@ class LeylineService:
         session.counters.reused_tokens += sync.reused
         return sync
 
-    async def _generate(self, session: VllmSession, body: GenerateRequest,
-                        extra_messages: list[Message] | None = None) -> tuple[GenerateResponse, Sync]:
-        history = session.messages + list(body.messages)
+    async def _generate(self, session: VllmSession, body: GenerateRequest, edits: DirectiveBatch | None = None
+                        ) -> tuple[GenerateResponse, Sync, list[DirectiveOutcome]]:
+        """Generate after ``body.messages``; with ``edits``, the batch is applied first in the same pass
+        (its own version, its outcomes returned)."""
+        base = session.messages if edits is None else _edited(session.messages, edits)
+        history = base + list(body.messages)
         ids = self._ids(history, generation_prompt=True)
         room = self.max_model_len - len(ids)
         if room < 1:
             raise CapacityExceeded(f"the prompt has {len(ids)} tokens; the model takes {self.max_model_len}")
         sampling = _sampling(body, min(body.max_tokens, room))
-        sync = await self._sync(session, ids, rotate=False, sampling=sampling)
+        rotate = edits is not None and all(d.mode == "amortize" for d in edits.directives)
+        old_bounds = self.renderer.segments(session.messages) if edits is not None else []
+        sync = await self._sync(session, ids, rotate=rotate, sampling=sampling)
         result = sync.last
+        # what the edits recomputed: every computed row before the appended messages
+        edited_len = len(self._ids(base)) if edits is not None else len(ids)
+        generation_computed = min(result.computed, len(ids) - edited_len) if edits is not None else sync.computed
+        outcomes: list[DirectiveOutcome] = []
+        if edits is not None:
+            outcomes = self._outcomes(edits, session.messages, old_bounds, sync, rotate,
+                                      sync.computed - generation_computed)
+            session.version += 1
+            session.counters.rotated_tokens += sync.rotated
+            session.counters.recomputed_tokens += sync.computed - generation_computed
         message = parse_assistant(result.text, call_id_prefix=f"call_{session.session_id[-8:]}_{session.version}")
         session.messages = history + [message]
         session.version += 1
-        session.counters.prefilled_tokens += sync.computed
+        session.counters.prefilled_tokens += generation_computed
         session.counters.reused_tokens += sync.reused
         finish = "tool_calls" if message.tool_calls else ("length" if result.finish_reason == "length" else "stop")
         n_out = len(result.token_ids)
-        usage = Usage(prompt_tokens=len(ids), cached_tokens=len(ids) - sync.computed, prefill_tokens=sync.computed,
-                      completion_tokens=n_out, total_tokens=len(ids) + n_out)
+        usage = Usage(prompt_tokens=len(ids), cached_tokens=len(ids) - generation_computed,
+                      prefill_tokens=generation_computed, completion_tokens=n_out, total_tokens=len(ids) + n_out)
         response = GenerateResponse(session_id=session.session_id, message=message, finish_reason=finish,
                                     usage=usage, logprobs=_logprobs(result, body.top_logprobs) if body.logprobs else None,
                                     version=session.version)
-        return response, sync
+        return response, sync, outcomes
 
     async def _apply(self, session: VllmSession, batch: DirectiveBatch) -> DirectiveResult:
         started = time.perf_counter()
-        for i, d in enumerate(batch.directives):
-            if d.span.unit != "message":
-                raise InvalidDirective(f"directive {i}: token spans are not supported on vLLM; use message spans")
         old = session.messages
-        new = apply_directives(old, batch.directives)  # validates spans, overlaps (4xx, nothing changed)
+        new = _edited(old, batch)
         old_bounds = self.renderer.segments(old)
-        old_len = old_bounds[-1][1] if old_bounds else 0
         ids = self._ids(new)
         rotate = all(d.mode == "amortize" for d in batch.directives)
         sync = await self._sync(session, ids, rotate=rotate)
@@ -238,6 +254,15 @@ class LeylineService:
         session.counters.reused_tokens += sync.reused
         session.counters.rotated_tokens += sync.rotated
         session.counters.recomputed_tokens += sync.computed
+        outcomes = self._outcomes(batch, old, old_bounds, sync, rotate, sync.computed)
+        return DirectiveResult(session_id=session.session_id, version=session.version, num_tokens=len(ids),
+                               num_messages=len(new), outcomes=outcomes,
+                               elapsed_ms=(time.perf_counter() - started) * 1000)
+
+    def _outcomes(self, batch: DirectiveBatch, old: list[Message], old_bounds: list[tuple[int, int]], sync: Sync,
+                  rotate: bool, recomputed: int) -> list[DirectiveOutcome]:
+        """Per directive what was applied; the batch ran as one plan, so its row counts sit on the first."""
+        old_len = old_bounds[-1][1] if old_bounds else 0
         outcomes = []
         for i, d in enumerate(sorted(batch.directives, key=lambda d: (d.span.start, d.span.end))):
             start = old_bounds[d.span.start][0] if d.span.start < len(old) else old_len
@@ -251,15 +276,13 @@ class LeylineService:
                     applied, reason = "forget", "a forget in the same batch recomputes what follows it"
                 elif sync.plan.rotated is None:
                     applied, reason = "forget", sync.plan.reason or "nothing after the edit to rotate"
-            totals = i == 0  # the batch runs as one plan: its row counts sit on the first outcome
+            totals = i == 0
             outcomes.append(DirectiveOutcome(
                 requested_mode=d.mode, applied_mode=applied, fallback_reason=reason, token_start=start,
                 token_end=end, delta=new_len - (end - start),
                 reused_tokens=sync.reused if totals else 0, rotated_tokens=sync.rotated if totals else 0,
-                recomputed_tokens=sync.computed if totals else 0))
-        return DirectiveResult(session_id=session.session_id, version=session.version, num_tokens=len(ids),
-                               num_messages=len(new), outcomes=outcomes,
-                               elapsed_ms=(time.perf_counter() - started) * 1000)
+                recomputed_tokens=recomputed if totals else 0))
+        return outcomes
 
     # -- rows --------------------------------------------------------------------------------
 
@@ -327,6 +350,14 @@ def _account(plan: TurnPlan, results: list[EngineResult]) -> Sync:
     if plan.rotated is not None and last.report.fallback is None:
         sync.rotated = max(0, min(reached, plan.rotated.dst_end) - plan.rotated.dst_start)
     return sync
+
+
+def _edited(messages: list[Message], batch: DirectiveBatch) -> list[Message]:
+    """The history after ``batch``; a bad batch raises a 4xx error and changes nothing."""
+    for i, d in enumerate(batch.directives):
+        if d.span.unit != "message":
+            raise InvalidDirective(f"directive {i}: token spans are not supported on vLLM; use message spans")
+    return apply_directives(messages, batch.directives)  # validates spans, overlaps
 
 
 def _check_version(session: VllmSession, expected: int | None) -> None:

@@ -258,3 +258,54 @@ def test_vllm_prefix_cache_is_salted_per_session(client, base_url):
     _amortize(client, s, old)
     info = client.create_session(edited(old, 3, REPLACEMENT), session_id=sid("other"))
     assert info.counters.reused_tokens == 0  # its salt differs: none of s's (spliced) blocks
+
+
+def _chat(base_url: str, session_id: str, messages: list[Message], mode: str) -> dict:
+    """A session-bound chat whose history differs from the session's: its edits and the generation
+    run in one pass through vLLM (two with an amortized replacement)."""
+    body = {"model": "leyline-tiny-mla", "messages": [m.model_dump(exclude_none=True) for m in messages],
+            "max_tokens": 6, "temperature": 0, "logprobs": True, "top_logprobs": 5, "session_id": session_id,
+            "leyline": {"mode": mode}}
+    r = httpx.post(f"{base_url}/v1/chat/completions", json=body, timeout=600)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_chat_with_a_forget_edit_equals_a_fresh_prefill(client, base_url, tol, block):
+    old, s = history(), sid("chatf")
+    info = client.create_session(old, session_id=s)
+    asked = edited(old, 3, REPLACEMENT) + [Message(role="user", content="Now the bread, in one line.")]
+    reply = _chat(base_url, s, asked, "forget")
+    report = reply["leyline"]
+    (outcome,) = report["outcomes"]
+    assert outcome["applied_mode"] == "forget" and outcome["rotated_tokens"] == 0
+    assert report["version"] == info.version + 2  # the edit's version, then the reply's
+    reference = fresh_reference(base_url, asked)
+    got = reply["choices"][0]["logprobs"]["content"]
+    assert [t["token"] for t in got] == [t["token"] for t in reference]
+    assert max(abs(a["logprob"] - b["logprob"]) for a, b in zip(got, reference)) <= tol["logprob"]
+    # the prefix before the edit was loaded, everything after it computed once
+    assert 0 < outcome["reused_tokens"] <= outcome["token_start"] + block
+    total = reply["usage"]["prompt_tokens"]
+    assert report["prefilled_tokens"] == total - reply["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert total - outcome["token_start"] - block <= report["prefilled_tokens"] <= total - outcome["reused_tokens"]
+    after = client.get_session(s, include_messages=True)
+    assert after.version == report["version"] and [m.content for m in after.messages[:-1]] == [m.content for m in asked]
+
+
+def test_chat_with_an_amortize_edit_rotates_and_matches_layer0(client, base_url, tol, block):
+    old, s = history(), sid("chata")
+    client.create_session(old, session_id=s)
+    asked = edited(old, 3, REPLACEMENT) + [Message(role="user", content="Now the bread, in one line.")]
+    report = _chat(base_url, s, asked, "amortize")["leyline"]
+    (outcome,) = report["outcomes"]
+    assert outcome["applied_mode"] == "amortize", outcome["fallback_reason"]
+    assert outcome["rotated_tokens"] >= 4 * block and outcome["delta"] != 0
+    # computed: the replacement, the new message and the partial blocks around them, not the moved rows
+    assert report["prefilled_tokens"] < outcome["rotated_tokens"]
+    first = outcome["token_start"] + (outcome["token_end"] - outcome["token_start"]) + outcome["delta"]
+    moved = range(first, first + outcome["rotated_tokens"])
+    fresh = sid("fresh")
+    client.create_session(asked, session_id=fresh)
+    a, b = rows(base_url, s, 0)[moved.start:moved.stop], rows(base_url, fresh, 0)[moved.start:moved.stop]
+    assert np.abs(a - b).max() <= tol["row"] * np.abs(b).max()
