@@ -23,6 +23,7 @@ from leyline_sdk.diff import apply_directives, split_append
 from leyline_sdk.errors import CapacityExceeded, InvalidDirective, SessionNotFound, VersionConflict
 from leyline_sdk.protocol import (
     AppendResult,
+    Directive,
     DirectiveBatch,
     DirectiveOutcome,
     DirectiveResult,
@@ -213,25 +214,26 @@ class LeylineService:
         if room < 1:
             raise CapacityExceeded(f"the prompt has {len(ids)} tokens; the model takes {self.max_model_len}")
         sampling = _sampling(body, min(body.max_tokens, room))
-        rotate = edits is not None and all(d.mode == "amortize" for d in edits.directives)
-        old_bounds = self.renderer.segments(session.messages) if edits is not None else []
-        sync = await self._sync(session, ids, rotate=rotate, sampling=sampling)
+        # measured before anything runs: nothing may fail once vLLM has generated
+        spans = self._edit_spans(session.messages, edits) if edits is not None else None
+        edited_len = len(self._ids(base)) if edits is not None else 0
+        sync = await self._sync(session, ids, rotate=spans is not None and spans.rotate, sampling=sampling)
         result = sync.last
-        # what the edits recomputed: every computed row before the appended messages
-        edited_len = len(self._ids(base)) if edits is not None else len(ids)
-        generation_computed = min(result.computed, len(ids) - edited_len) if edits is not None else sync.computed
+        generation_computed = sync.computed
         outcomes: list[DirectiveOutcome] = []
-        if edits is not None:
-            outcomes = self._outcomes(edits, session.messages, old_bounds, sync, rotate,
-                                      sync.computed - generation_computed)
+        if spans is not None:  # the edits recomputed every computed row before the appended messages
+            generation_computed = min(result.computed, max(0, len(ids) - edited_len))
+            outcomes = _outcomes(spans, sync, sync.computed - generation_computed)
             session.version += 1
+            session.counters.reused_tokens += sync.reused
             session.counters.rotated_tokens += sync.rotated
             session.counters.recomputed_tokens += sync.computed - generation_computed
         message = parse_assistant(result.text, call_id_prefix=f"call_{session.session_id[-8:]}_{session.version}")
         session.messages = history + [message]
         session.version += 1
         session.counters.prefilled_tokens += generation_computed
-        session.counters.reused_tokens += sync.reused
+        # as a generation after a separate edit would count it: the whole edited history was there
+        session.counters.reused_tokens += edited_len if spans is not None else sync.reused
         finish = "tool_calls" if message.tool_calls else ("length" if result.finish_reason == "length" else "stop")
         n_out = len(result.token_ids)
         usage = Usage(prompt_tokens=len(ids), cached_tokens=len(ids) - generation_computed,
@@ -243,46 +245,28 @@ class LeylineService:
 
     async def _apply(self, session: VllmSession, batch: DirectiveBatch) -> DirectiveResult:
         started = time.perf_counter()
-        old = session.messages
-        new = _edited(old, batch)
-        old_bounds = self.renderer.segments(old)
+        new = _edited(session.messages, batch)
+        spans = self._edit_spans(session.messages, batch)
         ids = self._ids(new)
-        rotate = all(d.mode == "amortize" for d in batch.directives)
-        sync = await self._sync(session, ids, rotate=rotate)
+        sync = await self._sync(session, ids, rotate=spans.rotate)
         session.messages = new
         session.version += 1
         session.counters.reused_tokens += sync.reused
         session.counters.rotated_tokens += sync.rotated
         session.counters.recomputed_tokens += sync.computed
-        outcomes = self._outcomes(batch, old, old_bounds, sync, rotate, sync.computed)
         return DirectiveResult(session_id=session.session_id, version=session.version, num_tokens=len(ids),
-                               num_messages=len(new), outcomes=outcomes,
+                               num_messages=len(new), outcomes=_outcomes(spans, sync, sync.computed),
                                elapsed_ms=(time.perf_counter() - started) * 1000)
 
-    def _outcomes(self, batch: DirectiveBatch, old: list[Message], old_bounds: list[tuple[int, int]], sync: Sync,
-                  rotate: bool, recomputed: int) -> list[DirectiveOutcome]:
-        """Per directive what was applied; the batch ran as one plan, so its row counts sit on the first."""
-        old_len = old_bounds[-1][1] if old_bounds else 0
-        outcomes = []
-        for i, d in enumerate(sorted(batch.directives, key=lambda d: (d.span.start, d.span.end))):
-            start = old_bounds[d.span.start][0] if d.span.start < len(old) else old_len
-            end = old_bounds[d.span.end - 1][1] if d.span.end > d.span.start else start
-            new_len = len(self._ids(list(d.replacement))) if d.replacement else 0
-            applied, reason = d.mode, None
-            if sync.fallback:  # saved rows could not be loaded: vLLM recomputed them (a full prefill)
-                applied, reason = "forget", sync.fallback
-            elif d.mode == "amortize" and end < old_len:  # something follows the span: it had to rotate
-                if not rotate:
-                    applied, reason = "forget", "a forget in the same batch recomputes what follows it"
-                elif sync.plan.rotated is None:
-                    applied, reason = "forget", sync.plan.reason or "nothing after the edit to rotate"
-            totals = i == 0
-            outcomes.append(DirectiveOutcome(
-                requested_mode=d.mode, applied_mode=applied, fallback_reason=reason, token_start=start,
-                token_end=end, delta=new_len - (end - start),
-                reused_tokens=sync.reused if totals else 0, rotated_tokens=sync.rotated if totals else 0,
-                recomputed_tokens=recomputed if totals else 0))
-        return outcomes
+    def _edit_spans(self, old: list[Message], batch: DirectiveBatch) -> EditSpans:
+        bounds = self.renderer.segments(old)
+        old_len = bounds[-1][1] if bounds else 0
+        spans = []
+        for d in sorted(batch.directives, key=lambda d: (d.span.start, d.span.end)):
+            start = bounds[d.span.start][0] if d.span.start < len(old) else old_len
+            end = bounds[d.span.end - 1][1] if d.span.end > d.span.start else start
+            spans.append((d, start, end, len(self._ids(list(d.replacement))) if d.replacement else 0))
+        return EditSpans(spans, old_len, all(d.mode == "amortize" for d in batch.directives))
 
     # -- rows --------------------------------------------------------------------------------
 
@@ -350,6 +334,37 @@ def _account(plan: TurnPlan, results: list[EngineResult]) -> Sync:
     if plan.rotated is not None and last.report.fallback is None:
         sync.rotated = max(0, min(reached, plan.rotated.dst_end) - plan.rotated.dst_start)
     return sync
+
+
+@dataclass
+class EditSpans:
+    """A directive batch measured against the history it edits: per directive (sorted by span) its
+    old token range and its replacement's length."""
+
+    spans: list[tuple[Directive, int, int, int]]  # directive, old start, old end, replacement tokens
+    old_len: int
+    rotate: bool  # every directive amortizes: the rows after the edits move
+
+
+def _outcomes(edits: EditSpans, sync: Sync, recomputed: int) -> list[DirectiveOutcome]:
+    """Per directive what was applied; the batch ran as one plan, so its row counts sit on the first."""
+    outcomes = []
+    for i, (d, start, end, new_len) in enumerate(edits.spans):
+        applied, reason = d.mode, None
+        if sync.fallback:  # saved rows could not be loaded: vLLM recomputed them (a full prefill)
+            applied, reason = "forget", sync.fallback
+        elif d.mode == "amortize" and end < edits.old_len:  # something follows the span: it had to rotate
+            if not edits.rotate:
+                applied, reason = "forget", "a forget in the same batch recomputes what follows it"
+            elif sync.plan.rotated is None:
+                applied, reason = "forget", sync.plan.reason or "nothing after the edit to rotate"
+        totals = i == 0
+        outcomes.append(DirectiveOutcome(
+            requested_mode=d.mode, applied_mode=applied, fallback_reason=reason, token_start=start,
+            token_end=end, delta=new_len - (end - start),
+            reused_tokens=sync.reused if totals else 0, rotated_tokens=sync.rotated if totals else 0,
+            recomputed_tokens=recomputed if totals else 0))
+    return outcomes
 
 
 def _edited(messages: list[Message], batch: DirectiveBatch) -> list[Message]:

@@ -17,7 +17,7 @@ import uuid
 
 from leyline_sdk.errors import ValidationFailed
 from leyline_sdk.protocol import Message, ToolCall
-from leyline_sdk.tools_prompt import END_TOOL_CALL, TOOL_CALL, TOOLS_MESSAGE_ID, parse_tool_call
+from leyline_sdk.tools_prompt import END_TOOL_CALL, TOOL_CALL, TOOLS_MESSAGE_ID, TOOLS_PREAMBLE, parse_tool_call
 
 
 def render_tool_call(call: ToolCall) -> str:
@@ -48,9 +48,12 @@ class ChatRenderer:
         """Content is data: text that the template would turn into control tokens is refused (422).
         (The chat template tokenizes its rendered text as a whole, so it cannot keep such text literal.)"""
         for i, m in enumerate(messages):
-            if m.id == TOOLS_MESSAGE_ID:
-                continue  # Leyline's own tools prompt (leyline_sdk.tools_prompt) names the call markers on purpose
-            for text in (m.content, m.name or ""):
+            content = m.content
+            if m.id == TOOLS_MESSAGE_ID and content.startswith(TOOLS_PREAMBLE):
+                # Leyline's own tools prompt (leyline_sdk.tools_prompt) names the call markers on purpose,
+                # in its first lines only: the tools' names and descriptions after them are data
+                content = content[len(TOOLS_PREAMBLE):]
+            for text in (content, m.name or ""):
                 hit = next((t for t in self.control_tokens if t and t in text), None)
                 if hit is not None:
                     raise ValidationFailed(f"message {i} contains the model's control token {hit!r}; "
