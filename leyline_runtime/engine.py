@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 
 import torch
 
 from leyline_sdk.protocol import SamplingParams
 
+from .engine_stats import EngineStats
 from .generation import Generation, GenerationState
 from .kv_cache import BlockPool, BlockTable, ensure_capacity
 from .model import DeepseekForCausalLM
@@ -40,6 +42,7 @@ class Engine:
         self.runner = ModelRunner(model, pool, batch_invariant)
         self.scheduler = Scheduler(max_batched_tokens, prefill_chunk, max_num_seqs,
                                    invariant_chunk=max_batched_tokens if batch_invariant else None)
+        self.stats = EngineStats()
         self._wakeup = threading.Condition()
         self._inbox: list[Sequence] = []
         self._thread: threading.Thread | None = None
@@ -160,7 +163,10 @@ class Engine:
                 self._fail(seq, SequenceCancelled())
             chunks = self.scheduler.schedule()
             if chunks:
+                started = time.perf_counter()
                 self._step(chunks)
+                self.stats.record(sum(seq.generation is not None for seq, _ in chunks), len(chunks),
+                                  sum(n for _, n in chunks), time.perf_counter() - started)
 
     def _admit(self, seq: Sequence) -> None:
         if seq.cancelled:

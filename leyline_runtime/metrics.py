@@ -59,7 +59,23 @@ class RuntimeCollector(Collector):
         yield GaugeMetricFamily("leyline_cache_blocks_free", "KV cache blocks free", value=pool.num_free)
         yield GaugeMetricFamily("leyline_cache_block_tokens", "Tokens per KV cache block",
                                 value=pool.block_size)
+        yield from self._engine()
         yield from self._per_tenant()
+
+    def _engine(self) -> Iterator[Metric]:
+        """The engine thread's steps by kind (decode / prefill / mixed): mean decode step time and batch
+        width are ``seconds / steps`` and ``sequences / steps`` of kind decode."""
+        tallies = self.runtime.engine.stats.by_kind
+        for field, name, help_text in (
+            ("steps", "leyline_engine_steps", "Batched forward steps the engine ran, by kind"),
+            ("seconds", "leyline_engine_step_seconds", "Engine thread time in steps (forward, sampling), by kind"),
+            ("tokens", "leyline_engine_step_tokens", "Tokens computed in steps, by kind"),
+            ("sequences", "leyline_engine_step_sequences", "Sequences in steps, summed over steps, by kind"),
+        ):
+            family = CounterMetricFamily(name, help_text, labels=["kind"])
+            for kind, tally in tallies.items():
+                family.add_metric([kind], getattr(tally, field))
+            yield family
 
     def _per_tenant(self) -> Iterator[Metric]:
         tenancy = self.runtime.tenancy

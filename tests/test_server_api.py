@@ -144,6 +144,28 @@ def test_directives_metrics_by_mode(client):
     assert metric(after, "leyline_prompt_tokens_rotated_total") > metric(before, "leyline_prompt_tokens_rotated_total")
 
 
+def test_engine_step_metrics_count_what_a_generation_ran(client):
+    """A new session's prompt is one prefill step (or a few); its 6 generated tokens are decode steps of
+    one sequence each (nothing else runs on this client's runtime meanwhile)."""
+    sid = new_session(client, history(3))["session_id"]
+    before = client.get("/metrics").text
+    r = client.post(f"/sessions/{sid}/generate", json={"messages": [{"role": "user", "content": "And then?"}],
+                                                      "max_tokens": 6, "min_tokens": 6, "temperature": 0.0})
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 6
+    after = client.get("/metrics").text
+
+    def grew(name: str, kind: str) -> float:
+        return metric(after, name, kind=kind) - metric(before, name, kind=kind)
+
+    # the last generated token's row is never computed (it may be the end marker): 5 decode steps
+    assert grew("leyline_engine_steps_total", "decode") == 5
+    assert grew("leyline_engine_step_sequences_total", "decode") == 5
+    assert grew("leyline_engine_step_tokens_total", "decode") == 5
+    assert grew("leyline_engine_step_seconds_total", "decode") > 0
+    assert grew("leyline_engine_steps_total", "prefill") >= 1  # the new message and the assistant header
+    assert grew("leyline_engine_steps_total", "mixed") == 0
+
+
 # --- errors -------------------------------------------------------------------------------
 
 

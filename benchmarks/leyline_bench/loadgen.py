@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from urllib.parse import urlparse
 
@@ -111,6 +112,7 @@ class StreamRecorder:
     ttft: list[float] = field(default_factory=list)
     completion_tokens: int = 0
     errors: list[str] = field(default_factory=list)
+    probes: list[object] = field(default_factory=list)  # run_stream_level's probe, before and after
 
 
 async def _stream_chat(client: httpx.AsyncClient, rec: StreamRecorder, body: dict) -> bool:
@@ -169,8 +171,11 @@ async def streaming_agent(client: httpx.AsyncClient, rec: StreamRecorder, sid: s
 
 
 async def run_stream_level(base_url: str, sessions: int, requests: int, max_tokens: int,
-                           api_key: str | None = None) -> tuple[StreamRecorder, float]:
-    """All sessions are created first; the clock runs from their common start to the last reply."""
+                           api_key: str | None = None, probe: Callable[[], object] | None = None
+                           ) -> tuple[StreamRecorder, float]:
+    """All sessions are created first; the clock runs from their common start to the last reply.
+    ``probe()`` (blocking, optional) is called right before the clock starts and right after it stops;
+    its two results are ``rec.probes``."""
     check_loopback(base_url)
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     rec = StreamRecorder()
@@ -178,9 +183,13 @@ async def run_stream_level(base_url: str, sessions: int, requests: int, max_toke
                                  trust_env=False) as client:
         made = await asyncio.gather(*(_create_stream_session(client, rec, k) for k in range(sessions)))
         made = [m for m in made if m is not None]
+        if probe is not None:
+            rec.probes.append(await asyncio.to_thread(probe))
         t0 = time.perf_counter()
         await asyncio.gather(*(streaming_agent(client, rec, sid, msgs, requests, max_tokens) for sid, msgs in made))
         wall = time.perf_counter() - t0
+        if probe is not None:
+            rec.probes.append(await asyncio.to_thread(probe))
         for sid, _ in made:
             await client.delete(f"/sessions/{sid}")
         return rec, wall

@@ -20,6 +20,9 @@ import asyncio
 import contextlib
 import os
 
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
 from leyline_runtime.runtime import RuntimeConfig
 from . import plots
 from .inproc import serve_in_subprocess, serve_in_thread
@@ -69,6 +72,39 @@ def _decode_stats(rec, wall: float) -> dict:
             "error_samples": rec.errors[:10]}
 
 
+def engine_counters(base_url: str, api_key: str | None) -> dict[tuple[str, str], float] | None:
+    """The runtime's ``leyline_engine_*`` counters by (name, kind); None where /metrics does not show them
+    (another server, or a tenant key: engine figures are the admin's)."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        text = httpx.get(f"{base_url}/metrics", headers=headers, timeout=30, trust_env=False).text
+    except httpx.HTTPError:
+        return None
+    found = {(sample.name, sample.labels["kind"]): sample.value
+             for family in text_string_to_metric_families(text) if family.name.startswith("leyline_engine_")
+             for sample in family.samples if sample.name.endswith("_total") and "kind" in sample.labels}
+    return found or None
+
+
+def _engine_stats(before, after, wall: float) -> dict | None:
+    """What the engine did during a phase: busy share of the wall time, and per kind of step their
+    number, mean time and (decode) mean batch width."""
+    if before is None or after is None:
+        return None
+
+    def grew(name: str, kind: str) -> float:
+        key = (f"leyline_engine_{name}_total", kind)
+        return after.get(key, 0.0) - before.get(key, 0.0)
+
+    out = {"busy_share": sum(grew("step_seconds", k) for k in ("decode", "prefill", "mixed")) / wall if wall else None}
+    for kind in ("decode", "prefill", "mixed"):
+        steps = grew("steps", kind)
+        out[kind] = {"steps": int(steps), "mean_step_ms": grew("step_seconds", kind) / steps * 1000 if steps else None,
+                     "mean_sequences": grew("step_sequences", kind) / steps if steps else None,
+                     "tokens": int(grew("step_tokens", kind))}
+    return out
+
+
 def _level_stats(sessions: int, rec, wall: float) -> dict:
     requests = sum(len(v) for v in rec.latencies.values())
     return {
@@ -87,8 +123,9 @@ def run(args, log=print) -> dict:
     with _server(args) as base_url:
         for n in args.concurrency:
             srec, swall = asyncio.run(run_stream_level(base_url, n, args.stream_requests, args.stream_max_tokens,
-                                                       api_key))
+                                                       api_key, probe=lambda: engine_counters(base_url, api_key)))
             decode = _decode_stats(srec, swall)
+            decode["engine"] = _engine_stats(*srec.probes, swall)
             rec, wall = asyncio.run(run_level(base_url, n, args.loops, args.max_seconds, args.max_tokens, api_key))
             levels.append({**_level_stats(n, rec, wall), "decode": decode})
             s = levels[-1]
@@ -106,14 +143,35 @@ def run(args, log=print) -> dict:
                         "sessions / wall time from their common start; TTFT = time to the first SSE event.",
                         "One edit loop = generate (append a tool result, max_tokens new tokens) + an amortize "
                         "directive.",
-                        "All sessions' decode steps share one batched forward per engine step."]}
+                        "All sessions' decode steps share one batched forward per engine step.",
+                        "Engine: the runtime's leyline_engine_* counters scraped before and after the decode "
+                        "phase; busy = engine step time / wall time; a mixed step runs decode steps beside "
+                        "prefill chunks (each turn's new message)."]}
     payload = write_results(args.out, "serve", result, "leyline-bench serve", _markdown(levels))
     _plot(args.out, levels)
     return payload
 
 
 def _markdown(levels) -> str:
-    return _decode_markdown(levels) + "\n\n" + _loops_markdown(levels)
+    return _decode_markdown(levels) + "\n\n" + _engine_markdown(levels) + _loops_markdown(levels)
+
+
+def _engine_markdown(levels) -> str:
+    rows = []
+    for s in levels:
+        e = s["decode"].get("engine")
+        if e is None:
+            continue
+        d, m, p = e["decode"], e["mixed"], e["prefill"]
+        rows.append([s["sessions"], f"{e['busy_share'] * 100:.0f}%" if e["busy_share"] is not None else None,
+                     d["steps"], d["mean_sequences"], d["mean_step_ms"], m["steps"], m["mean_step_ms"],
+                     p["steps"], p["mean_step_ms"]])
+    if not rows:
+        return ""
+    headers = ["sessions", "engine busy", "decode steps", "sequences per decode step", "decode step ms",
+               "mixed steps", "mixed step ms", "prefill steps", "prefill step ms"]
+    return ("## Engine during the decode phase (from `/metrics`: `leyline_engine_*`)\n\n"
+            + md_table(headers, rows) + "\n\n")
 
 
 def _decode_markdown(levels) -> str:
