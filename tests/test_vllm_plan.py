@@ -61,3 +61,13 @@ def test_plugin_never_imports_the_bundled_runtime():
                 [node.module or ""] if isinstance(node, ast.ImportFrom) else []
             assert not any(n.split(".")[0] in ("leyline_runtime", "leyline_langchain", "leyline_bench") for n in names), \
                 f"{path.name} imports {names}"
+
+
+def test_a_known_move_is_taken_without_a_search_and_a_wrong_one_is_searched():
+    old = list(range(100))
+    new = old[:30] + [500, 501] + old[40:]  # 10 tokens replaced by 2: the rest moves back by 8
+    found = plan_turn(Snapshot("k", old), new, rotate=True, min_rotated=16)
+    hinted = plan_turn(Snapshot("k", old), new, rotate=True, min_rotated=16, moved=(40, 32))
+    assert hinted.rotated == found.rotated == RowCopy("k", 40, 32, 60, -8)
+    # a hint that lands on no (long enough) run falls back to the search
+    assert plan_turn(Snapshot("k", old), new, rotate=True, min_rotated=16, moved=(35, 32)).rotated == found.rotated

@@ -217,7 +217,8 @@ class LeylineService:
         # measured before anything runs: nothing may fail once vLLM has generated
         spans = self._edit_spans(session.messages, edits) if edits is not None else None
         edited_len = len(self._ids(base)) if edits is not None else 0
-        sync = await self._sync(session, ids, rotate=spans is not None and spans.rotate, sampling=sampling)
+        sync = await self._sync(session, ids, rotate=spans is not None and spans.rotate, sampling=sampling,
+                                moved=spans.moved if spans is not None else None)
         result = sync.last
         generation_computed = sync.computed
         outcomes: list[DirectiveOutcome] = []
@@ -248,7 +249,7 @@ class LeylineService:
         new = _edited(session.messages, batch)
         spans = self._edit_spans(session.messages, batch)
         ids = self._ids(new)
-        sync = await self._sync(session, ids, rotate=spans.rotate)
+        sync = await self._sync(session, ids, rotate=spans.rotate, moved=spans.moved)
         session.messages = new
         session.version += 1
         session.counters.reused_tokens += sync.reused
@@ -271,9 +272,9 @@ class LeylineService:
     # -- rows --------------------------------------------------------------------------------
 
     async def _sync(self, session: VllmSession, ids: list[int], *, rotate: bool,
-                    sampling: dict | None = None) -> Sync:
+                    sampling: dict | None = None, moved: tuple[int, int] | None = None) -> Sync:
         """Run ``ids`` through vLLM with the session's row plan; the session's snapshot becomes ``ids``."""
-        plan = plan_turn(session.snapshot, ids, rotate=rotate, min_rotated=self.block_size)
+        plan = plan_turn(session.snapshot, ids, rotate=rotate, min_rotated=self.block_size, moved=moved)
         results, scratch = [], []
         load: list[RowCopy] = list(plan.first)
         if plan.rotated is not None and plan.prefill_upto > plan.prefix:
@@ -344,6 +345,14 @@ class EditSpans:
     spans: list[tuple[Directive, int, int, int]]  # directive, old start, old end, replacement tokens
     old_len: int
     rotate: bool  # every directive amortizes: the rows after the edits move
+
+    @property
+    def moved(self) -> tuple[int, int] | None:
+        """(old, new) position of the first token after a single edit (a hint for the row plan)."""
+        if len(self.spans) != 1:
+            return None
+        _, start, end, new_len = self.spans[0]
+        return end, start + new_len
 
 
 def _outcomes(edits: EditSpans, sync: Sync, recomputed: int) -> list[DirectiveOutcome]:
