@@ -209,14 +209,15 @@ class LeylineService:
         (its own version, its outcomes returned)."""
         base = session.messages if edits is None else _edited(session.messages, edits)
         history = base + list(body.messages)
-        ids = self._ids(history, generation_prompt=True)
+        # one tokenization: the prompt's ids, and (edits) where the edited history ends in them
+        ids, bounds = self._encode(history, generation_prompt=True, bounds_at=[len(base)] if edits else None)
+        edited_len = bounds[0] if bounds else 0
         room = self.max_model_len - len(ids)
         if room < 1:
             raise CapacityExceeded(f"the prompt has {len(ids)} tokens; the model takes {self.max_model_len}")
         sampling = _sampling(body, min(body.max_tokens, room))
         # measured before anything runs: nothing may fail once vLLM has generated
         spans = self._edit_spans(session.messages, edits) if edits is not None else None
-        edited_len = len(self._ids(base)) if edits is not None else 0
         sync = await self._sync(session, ids, rotate=spans is not None and spans.rotate, sampling=sampling,
                                 moved=spans.moved if spans is not None else None)
         result = sync.last
@@ -315,10 +316,14 @@ class LeylineService:
             return rows
 
     def _ids(self, messages: list[Message], generation_prompt: bool = False) -> list[int]:
-        ids = self.renderer.ids(messages, generation_prompt=generation_prompt)
+        return self._encode(messages, generation_prompt)[0]
+
+    def _encode(self, messages: list[Message], generation_prompt: bool = False,
+                bounds_at: list[int] | None = None) -> tuple[list[int], list[int]]:
+        ids, bounds = self.renderer.encode(messages, generation_prompt=generation_prompt, bounds_at=bounds_at or ())
         if len(ids) > self.max_model_len:
             raise CapacityExceeded(f"the history has {len(ids)} tokens; the model takes {self.max_model_len}")
-        return ids
+        return ids, bounds
 
 
 def _account(plan: TurnPlan, results: list[EngineResult]) -> Sync:
