@@ -183,13 +183,16 @@ async def run_stream_level(base_url: str, sessions: int, requests: int, max_toke
                                  trust_env=False) as client:
         made = await asyncio.gather(*(_create_stream_session(client, rec, k) for k in range(sessions)))
         made = [m for m in made if m is not None]
-        if probe is not None:
-            rec.probes.append(await asyncio.to_thread(probe))
-        t0 = time.perf_counter()
-        await asyncio.gather(*(streaming_agent(client, rec, sid, msgs, requests, max_tokens) for sid, msgs in made))
-        wall = time.perf_counter() - t0
-        if probe is not None:
-            rec.probes.append(await asyncio.to_thread(probe))
-        for sid, _ in made:
-            await client.delete(f"/sessions/{sid}")
+        try:
+            if probe is not None:
+                rec.probes.append(await asyncio.to_thread(probe))
+            t0 = time.perf_counter()
+            await asyncio.gather(*(streaming_agent(client, rec, sid, msgs, requests, max_tokens)
+                                   for sid, msgs in made))
+            wall = time.perf_counter() - t0
+            if probe is not None:
+                rec.probes.append(await asyncio.to_thread(probe))
+        finally:  # a failed level leaves no sessions behind on the server
+            for sid, _ in made:
+                await client.delete(f"/sessions/{sid}")
         return rec, wall

@@ -77,11 +77,13 @@ def engine_counters(base_url: str, api_key: str | None) -> dict[tuple[str, str],
     (another server, or a tenant key: engine figures are the admin's)."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
-        text = httpx.get(f"{base_url}/metrics", headers=headers, timeout=30, trust_env=False).text
-    except httpx.HTTPError:
+        response = httpx.get(f"{base_url}/metrics", headers=headers, timeout=30, trust_env=False)
+        response.raise_for_status()
+        families = list(text_string_to_metric_families(response.text))
+    except (httpx.HTTPError, ValueError):  # no /metrics there, or not Prometheus text
         return None
     found = {(sample.name, sample.labels["kind"]): sample.value
-             for family in text_string_to_metric_families(text) if family.name.startswith("leyline_engine_")
+             for family in families if family.name.startswith("leyline_engine_")
              for sample in family.samples if sample.name.endswith("_total") and "kind" in sample.labels}
     return found or None
 

@@ -209,17 +209,19 @@ class LeylineService:
         (its own version, its outcomes returned)."""
         base = session.messages if edits is None else _edited(session.messages, edits)
         history = base + list(body.messages)
-        # one tokenization: the prompt's ids, and (edits) where the edited history ends in them
-        ids, bounds = self._encode(history, generation_prompt=True, bounds_at=[len(base)] if edits else None)
+        # measured before anything runs: nothing may fail once vLLM has generated
+        spans = self._edit_spans(session.messages, edits) if edits is not None else None
+        # one tokenization: the prompt's ids and, with edits, where the edited history ends in them
+        # (and where the first message after a single edit starts)
+        at = None if spans is None else [len(base)] + ([spans.after] if spans.after is not None else [])
+        ids, bounds = self._encode(history, generation_prompt=True, bounds_at=at)
         edited_len = bounds[0] if bounds else 0
         room = self.max_model_len - len(ids)
         if room < 1:
             raise CapacityExceeded(f"the prompt has {len(ids)} tokens; the model takes {self.max_model_len}")
         sampling = _sampling(body, min(body.max_tokens, room))
-        # measured before anything runs: nothing may fail once vLLM has generated
-        spans = self._edit_spans(session.messages, edits) if edits is not None else None
         sync = await self._sync(session, ids, rotate=spans is not None and spans.rotate, sampling=sampling,
-                                moved=spans.moved if spans is not None else None)
+                                moved=spans.moved(bounds[1:]) if spans is not None else None)
         result = sync.last
         generation_computed = sync.computed
         outcomes: list[DirectiveOutcome] = []
@@ -249,8 +251,8 @@ class LeylineService:
         started = time.perf_counter()
         new = _edited(session.messages, batch)
         spans = self._edit_spans(session.messages, batch)
-        ids = self._ids(new)
-        sync = await self._sync(session, ids, rotate=spans.rotate, moved=spans.moved)
+        ids, bounds = self._encode(new, bounds_at=[spans.after] if spans.after is not None else None)
+        sync = await self._sync(session, ids, rotate=spans.rotate, moved=spans.moved(bounds))
         session.messages = new
         session.version += 1
         session.counters.reused_tokens += sync.reused
@@ -352,12 +354,17 @@ class EditSpans:
     rotate: bool  # every directive amortizes: the rows after the edits move
 
     @property
-    def moved(self) -> tuple[int, int] | None:
-        """(old, new) position of the first token after a single edit (a hint for the row plan)."""
+    def after(self) -> int | None:
+        """Index, in the edited history, of the first message after a single edit (None: several)."""
         if len(self.spans) != 1:
             return None
-        _, start, end, new_len = self.spans[0]
-        return end, start + new_len
+        d = self.spans[0][0]
+        return d.span.start + len(d.replacement)
+
+    def moved(self, bounds: list[int]) -> tuple[int, int] | None:
+        """(old, new) token position of the first token after a single edit — a hint for the row plan;
+        ``bounds``: the edited history's token bounds asked for at :attr:`after` (last)."""
+        return (self.spans[0][2], bounds[-1]) if self.after is not None and bounds else None
 
 
 def _outcomes(edits: EditSpans, sync: Sync, recomputed: int) -> list[DirectiveOutcome]:
