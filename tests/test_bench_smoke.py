@@ -145,6 +145,10 @@ def test_serve(tmp_path):
         decode = level["decode"]
         assert decode["requests"] == level["sessions"] and decode["completion_tokens"] >= level["sessions"]
         assert decode["ttft_s"]["p50"] <= decode["latency_s"]["p50"]
+        engine = decode["engine"]  # the runtime's leyline_engine_* counters around the decode phase
+        assert engine["decode"]["steps"] >= 1 and 1 <= engine["decode"]["mean_sequences"] <= level["sessions"]
+        assert engine["prefill"]["steps"] + engine["mixed"]["steps"] >= 1  # each turn's new message
+        assert 0 < engine["busy_share"]
 
 
 def test_chaos(tmp_path):

@@ -23,6 +23,7 @@ import os
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from leyline_runtime.engine_stats import KINDS
 from leyline_runtime.runtime import RuntimeConfig
 from . import plots
 from .inproc import serve_in_subprocess, serve_in_thread
@@ -98,8 +99,8 @@ def _engine_stats(before, after, wall: float) -> dict | None:
         key = (f"leyline_engine_{name}_total", kind)
         return after.get(key, 0.0) - before.get(key, 0.0)
 
-    out = {"busy_share": sum(grew("step_seconds", k) for k in ("decode", "prefill", "mixed")) / wall if wall else None}
-    for kind in ("decode", "prefill", "mixed"):
+    out = {"busy_share": sum(grew("step_seconds", k) for k in KINDS) / wall if wall else None}
+    for kind in KINDS:
         steps = grew("steps", kind)
         out[kind] = {"steps": int(steps), "mean_step_ms": grew("step_seconds", kind) / steps * 1000 if steps else None,
                      "mean_sequences": grew("step_sequences", kind) / steps if steps else None,

@@ -128,7 +128,6 @@ class Router(nn.Module):
         else:
             self.e_score_correction_bias = None
 
-
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         cfg = self.cfg
         logits = F.linear(padded_rows(x.float(), invariant_rows()), self.weight.float())[: x.shape[0]]
