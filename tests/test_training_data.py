@@ -492,3 +492,87 @@ def test_agent_eval_runs_custom_tool_tasks_with_their_own_tools():
     result = run_agent_eval(oracle_generate(lookup), 12, mix=TaskMix(custom_tool_share=1.0))
     assert result["task_success_rate"] == 1.0 and result["well_formed_tool_call_rate"] == 1.0
     assert set(result["by_kind"]) == {"custom_tool"}
+
+
+# Digests of the data older recipes were trained on, taken before the writing-system drills were added:
+# a recipe without --script-share must still get exactly that data.
+CUSTOM_AND_DRILLS_SHA256 = "10867b7c81ba91a1f4ab4a621edbf0c54273e70541ce06b4e69d1431872ebe5a"
+RUN8_MIX_SHARD_SHA256 = "3a4085f36a5ad0c53b74601552cca73c2b18c0c737400a516c49fb46922930d1"
+
+
+def test_recipes_without_script_drills_get_the_data_they_were_trained_on(tok):
+    import hashlib
+
+    from leyline_training.custom_tools import make_custom_tool_task
+    from leyline_training.drills import make_drill
+
+    h = hashlib.sha256()
+    for s in range(200):
+        t = make_custom_tool_task(random.Random(f"t:{s}"), "train")
+        h.update(json.dumps([m.model_dump() for m in t.messages + t.solution], sort_keys=True).encode())
+        h.update(json.dumps([m.model_dump() for m in make_drill(s)], sort_keys=True).encode())
+    assert h.hexdigest() == CUSTOM_AND_DRILLS_SHA256
+    mix = DataMix(transcript_share=0.95, drill_share=0.15, token_echo_share=0.05, custom_tool_share=0.3,
+                  order_share=0.2, api_share=0.3)
+    shard = Packer(tok, mix, seed=9).shard(0, 1024)
+    assert hashlib.sha256(shard.tokens.tobytes() + shard.classes.tobytes()).hexdigest() == RUN8_MIX_SHARD_SHA256
+
+
+def test_script_drills_copy_text_of_other_writing_systems(tok):
+    from leyline_training.corpus import CLS_NOISE
+    from leyline_training.drills import make_script_drill
+    from leyline_training.writing_systems import SCRIPT_BLOCKS
+
+    echoes = calls = 0
+    scripts = set()
+    for seed in range(80):
+        messages, echo = make_script_drill(seed)
+        assert (messages, echo) == make_script_drill(seed)
+        ids, cls = transcript_tokens(tok, messages, random_user_text=echo)
+        assert tok.decode(ids) == render_transcript(messages)  # the ids are the text's, byte for byte
+        if echo:
+            echoes += 1
+            users = [m.content for m in messages if m.role == "user"]
+            assert users == [m.content for m in messages if m.role == "assistant"]
+            assert any(ord(ch) > 127 for ch in "".join(users))
+            assert CLS_NOISE in cls and cls.count(CLS_ASSISTANT) > 0
+            scripts |= {s for s, (lo, hi) in SCRIPT_BLOCKS.items() for ch in "".join(users) if lo <= ord(ch) <= hi}
+        else:
+            calls += 1
+            assert CLS_NOISE not in cls
+            call = messages[-3].tool_calls[0]
+            args = json.loads(call.function.arguments)
+            name = next(v for k, v in args.items() if k != "description")
+            request = next(m.content for m in messages if m.role == "user")
+            assert any(ord(ch) > 127 for ch in name) and name in request and name in call.function.arguments
+    assert echoes > 20 and calls > 20 and len(scripts) == len(SCRIPT_BLOCKS)
+
+
+def test_packer_mixes_script_drills_in_by_share(tok):
+    from leyline_training.corpus import CLS_NOISE
+
+    kw = {"transcript_share": 0.95, "drill_share": 0.3}
+    plain = Packer(tok, DataMix(**kw), seed=5).shard(0, 1024)
+    assert np.array_equal(plain.tokens, Packer(tok, DataMix(**kw, script_share=0.0), seed=5).shard(0, 1024).tokens)
+    mixed = Packer(tok, DataMix(**kw, script_share=0.5), seed=5).shard(0, 1024)
+    assert np.array_equal(mixed.tokens, Packer(tok, DataMix(**kw, script_share=0.5), seed=5).shard(0, 1024).tokens)
+    assert not (plain.classes == CLS_NOISE).any() and (mixed.classes == CLS_NOISE).any()
+    # UTF-8 lead bytes of 3-byte characters (CJK, kana, Hangul, Thai, Devanagari) as single-byte tokens
+    lead3 = [tok.token_id(t) for t in ("ä", "å", "æ", "ç", "è", "é")]
+    assert np.isin(mixed.tokens, lead3).sum() > 10 * max(1, np.isin(plain.tokens, lead3).sum())
+
+
+def test_script_call_probe_scores_a_copied_name(tok):
+    from leyline_training.evaluate import script_calls
+
+    def copier(messages, tools):  # calls the tool with the value the request quotes
+        from leyline_training.custom_tools import make_custom_tool_task
+        for seed in range(50):
+            task = make_custom_tool_task(random.Random(f"script-call:test:{seed}"), "test", foreign=True)
+            if task.messages == messages:
+                return task.solution[0]
+        raise AssertionError("unknown request")
+
+    assert script_calls(copier, 6)["exact"] == 1.0
+    wrong = script_calls(lambda m, t: Message(role="assistant", content="no call"), 6)
+    assert wrong["exact"] == 0.0 and wrong["first_character"] == 0.0

@@ -56,6 +56,10 @@ def add_train_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--english-share", type=float, default=0.0,
                     help="fraction of the tasks and drills whose entities have real English names from a "
                          "2,997-word list (drawn with --wide-share's die: the two shares add; default 0: none)")
+    ap.add_argument("--script-share", type=float, default=0.0,
+                    help="fraction of the conversations that are copy drills in other writing systems (CJK, kana, "
+                         "Hangul, Cyrillic, ...: an echo, or a custom-tool call whose name is in that script), "
+                         "copied byte token by byte token (default 0: none)")
     add_layout_arguments(ap)
     ap.add_argument("--curriculum", default="1024:0.4",
                     help="shorter rows first: LEN:FRACTION[,...] of the budget, then --seq-len ('' = none)")
@@ -83,6 +87,9 @@ def add_evaluate_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--drills", type=int, default=0,
                     help="copying probe: teacher-forced assistant top-1 on this many test drills of each kind "
                          "(echo, recall, compute; seconds, not minutes; 0: skip)")
+    ap.add_argument("--script-calls", type=int, default=0,
+                    help="names in other scripts: this many held-out custom-tool requests whose name is in CJK, "
+                         "kana, Hangul, Cyrillic, ...; is it copied exactly into the call? (0: skip)")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--records", action="store_true", help="keep per-task records in the JSON")
     ap.add_argument("--constrained", action="store_true",

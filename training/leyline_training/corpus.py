@@ -35,7 +35,7 @@ from leyline_sdk.protocol import Message
 from leyline_runtime import chat_template as tpl
 from leyline_runtime.model.default import DEFAULT_MODEL_DIR
 from leyline_runtime.tokenizer import ChatTokenizer
-from .drills import ECHO_PROMPT, make_drill
+from .drills import ECHO_PROMPT, make_drill, make_script_drill
 from .transcripts import TaskMix, make_transcript
 
 SKIP_DIRS = {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__", "encodings",
@@ -134,14 +134,21 @@ def rendered_documents(n_transcripts: int, stdlib_chars: int, seed: int = 0) -> 
 # --------------------------------------------------------------------------- tokenisation
 
 
-def transcript_tokens(tok: ChatTokenizer, messages: list[Message]) -> tuple[list[int], list[int]]:
-    """Ids and loss classes; ids are exactly ``sum(tok.encode_messages(messages), [])``."""
+def transcript_tokens(tok: ChatTokenizer, messages: list[Message],
+                      random_user_text: bool = False) -> tuple[list[int], list[int]]:
+    """Ids and loss classes; ids are exactly ``sum(tok.encode_messages(messages), [])``.
+
+    ``random_user_text``: user bodies are random by construction (echo drills): no loss on them.
+    """
     ids: list[int] = []
     cls: list[int] = []
     for m, message_ids in zip(messages, tok.encode_messages(messages)):
-        body_cls = CLS_ASSISTANT if m.role == "assistant" else CLS_CONTEXT
         ids.extend(message_ids)
-        cls.extend([CLS_CONTEXT] + [body_cls] * (len(message_ids) - 1))  # header, body, end marker
+        if m.role == "user" and random_user_text:  # header, body, end marker
+            cls.extend([CLS_CONTEXT] + [CLS_NOISE] * (len(message_ids) - 2) + [CLS_CONTEXT])
+        else:
+            body_cls = CLS_ASSISTANT if m.role == "assistant" else CLS_CONTEXT
+            cls.extend([CLS_CONTEXT] + [body_cls] * (len(message_ids) - 1))
     return ids, cls
 
 
@@ -201,6 +208,7 @@ class DataMix:
     order_share: float = 0.0  # the task kinds and prompt layouts: see transcripts.TaskMix
     api_share: float = 0.0
     custom_tool_share: float = 0.0
+    script_share: float = 0.0  # of the conversations: copy drills in other writing systems (.writing_systems)
 
     @property
     def tasks(self) -> TaskMix:
@@ -257,6 +265,9 @@ class Packer:
                 drill = mix.drill_share and pick.random() < mix.drill_share
                 if mix.token_echo_share and pick.random() < mix.token_echo_share:
                     ids, cls = token_echo(tok, seed, min(width - 1, 256))
+                elif mix.script_share and pick.random() < mix.script_share:
+                    messages, echo = make_script_drill(seed, self.split)
+                    ids, cls = transcript_tokens(tok, messages, random_user_text=echo)
                 else:
                     split = self._split(pick)
                     messages = (make_drill(seed, split) if drill

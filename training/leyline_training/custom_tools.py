@@ -22,6 +22,7 @@ from leyline_sdk.protocol import FunctionCall, Message, ToolCall
 from leyline_sdk.tools_prompt import tools_message
 
 from . import names as N
+from .writing_systems import script_name
 
 ENTITY_KINDS = ["customer", "user", "project", "team", "account", "company", "contact", "vendor"]
 COMPANY_SUFFIXES = ["Group", "Labs", "GmbH", "Ltd", "Inc", "Studio", "Partners", "Co"]
@@ -54,7 +55,9 @@ def _int_value(rng: random.Random) -> int:
     return rng.choice([rng.randint(0, 9), rng.randint(10, 99), rng.randint(100, 9999), -rng.randint(1, 99)])
 
 
-def _name_value(rng: random.Random, split: str) -> str:
+def _name_value(rng: random.Random, split: str, foreign: bool = False) -> str:
+    if foreign:
+        return script_name(rng)
     roll = rng.random()
     if roll < 0.3:
         return "".join(chr(rng.randint(*_CJK_BLOCK)) for _ in range(rng.randint(2, 6)))
@@ -98,7 +101,7 @@ def _number_tool(rng: random.Random, split: str) -> _Draft:
     return _Draft(tool, args, asks, [f"{name}({shown}) = {result}.", f"The value is {result}.", result], result)
 
 
-def _create_tool(rng: random.Random, split: str) -> _Draft:
+def _create_tool(rng: random.Random, split: str, foreign: bool = False) -> _Draft:
     kind = rng.choice(ENTITY_KINDS)
     name = f"{rng.choice(['create', 'add', 'register'])}_{kind}"
     field_name = rng.choice([f"{kind}_name", "name"])
@@ -110,7 +113,7 @@ def _create_tool(rng: random.Random, split: str) -> _Draft:
         return f"Created {kind} '{args[field_name]}' with id {new_id}."
 
     tool = CustomTool(_schema(name, f"Create a new {kind}.", params, list(params)), body)
-    value = _name_value(rng, split)
+    value = _name_value(rng, split, foreign)
     gloss = rng.choice(N.nouns(split)).capitalize() + " " + rng.choice(COMPANY_SUFFIXES)
     glossed = [f"Create a {kind} named '{value}' ({gloss})", f"Add the {kind} \"{value}\" ({gloss})."]
     plain = [f"Create a {kind} named '{value}'.", f"Please register {value} as a new {kind}."]
@@ -123,7 +126,7 @@ def _create_tool(rng: random.Random, split: str) -> _Draft:
                                      f"Created {value} (id {new_id})."], str(new_id))
 
 
-def _lookup_tool(rng: random.Random, split: str) -> _Draft:
+def _lookup_tool(rng: random.Random, split: str, foreign: bool = False) -> _Draft:
     attr = rng.choice(LOOKUP_ATTRS)
     name = f"get_{attr}"
     param = rng.choice(["city", "name", "item", "place"])
@@ -135,7 +138,7 @@ def _lookup_tool(rng: random.Random, split: str) -> _Draft:
         return value
 
     tool = CustomTool(_schema(name, f"Get the {attr} of a {param}.", params, [param]), body)
-    subject = _name_value(rng, split)
+    subject = _name_value(rng, split, foreign)
     args = {param: subject}
     asks = [f"What is the {attr} of {subject}? Use the tool.", f"Look up the {attr} for {subject}.",
             f"{subject}: what is its {attr}?"]
@@ -144,6 +147,7 @@ def _lookup_tool(rng: random.Random, split: str) -> _Draft:
 
 
 _FAMILIES = [_number_tool, _create_tool, _lookup_tool]
+_NAMED_FAMILIES = [_create_tool, _lookup_tool]
 
 
 @dataclass
@@ -154,8 +158,10 @@ class CustomToolTask:
     expected: str  # what a right answer quotes (the result, or the id a create call returned)
 
 
-def make_custom_tool_task(rng: random.Random, split: str) -> CustomToolTask:
-    draft = rng.choice(_FAMILIES)(rng, split)
+def make_custom_tool_task(rng: random.Random, split: str, foreign: bool = False) -> CustomToolTask:
+    """One task; ``foreign``: a create or lookup call whose name is in another writing system
+    (:mod:`.writing_systems`), else any family with the usual names."""
+    draft = rng.choice(_NAMED_FAMILIES)(rng, split, True) if foreign else rng.choice(_FAMILIES)(rng, split)
     tool = draft.tool
     distractors = [rng.choice(_FAMILIES)(rng, split).tool for _ in range(rng.choice([0, 0, 1, 2]))]
     offered = [tool] + [d for d in distractors if d.name != tool.name]

@@ -32,7 +32,9 @@ import string
 from leyline_sdk.protocol import FunctionCall, Message, ToolCall
 
 from . import names as N
+from .custom_tools import make_custom_tool_task
 from .tools import TOOLS, calculator
+from .writing_systems import script_echo
 
 DRILL_KINDS = ("echo", "recall", "compute")
 
@@ -144,3 +146,14 @@ ECHO_PROMPT = "Repeat exactly what the user writes, nothing else."
 def make_drill(seed: int, split: str = "train") -> list[Message]:
     rng = random.Random(f"drill:{split}:{seed}")
     return _MAKERS[rng.choice(DRILL_KINDS)](rng, split)
+
+
+def make_script_drill(seed: int, split: str = "train") -> tuple[list[Message], bool]:
+    """A copy drill in another writing system (:mod:`.writing_systems`): an echo (half of them) or a
+    custom-tool call whose name is in that script. Returns the messages and whether it is an echo
+    (whose user text is random: no loss)."""
+    rng = random.Random(f"script-drill:{split}:{seed}")
+    if rng.random() < 0.5:
+        return script_echo(rng, ECHO_PROMPT), True
+    task = make_custom_tool_task(rng, split, foreign=True)
+    return task.messages + task.solution, False

@@ -10,6 +10,10 @@ Three measurements:
   assistant tokens of ``N`` test-split drills of each kind (:mod:`.drills`):
   every such token is copied from the context, so this measures in seconds
   what task success needs and the agent loop only shows in minutes.
+* **Names in other scripts** (``--script-calls N``) — ``N`` held-out custom-tool
+  requests whose name is in another writing system (:mod:`.writing_systems`): does the
+  model's first reply call the tool with the name copied exactly (and its first
+  character right, which is what LangChain's unicode test checks)?
 * **Agent loop** — ``generate(messages, tools) -> assistant Message`` (or raw
   assistant text) is driven through held-out tasks: the model's tool calls
   are executed by the generator's tools (:func:`.tools.execute`), results are
@@ -30,6 +34,7 @@ import argparse
 import collections
 import json
 import math
+import random
 import sys
 import time
 from collections.abc import Callable
@@ -44,9 +49,11 @@ from leyline_runtime import chat_template as tpl
 from leyline_runtime.tokenizer import ChatTokenizer
 from .cli import EVALUATE_HELP, add_evaluate_arguments
 from .corpus import CLS_ASSISTANT, transcript_tokens
+from .custom_tools import make_custom_tool_task
 from .drills import DRILL_KINDS, drill_of_kind
 from .tools import execute, validate_call
 from .transcripts import Task, TaskMix, make_task, make_transcript
+from .writing_systems import SCRIPT_BLOCKS
 
 Generate = Callable[[list[Message], list[dict]], "Message | str"]
 
@@ -110,6 +117,36 @@ def drill_accuracy(model, tok: ChatTokenizer, n: int = 12) -> dict:
         out[kind] = {"top1": right / total, "tokens": total, "drills": n}
     model.train(was_training)
     return out
+
+
+def _script_of(text: str) -> str:
+    return next((s for s, (lo, hi) in SCRIPT_BLOCKS.items() if text and lo <= ord(text[0]) <= hi), "other")
+
+
+def script_calls(generate: Generate, n: int) -> dict:
+    """Per script: share of first replies whose call copies the name exactly / its first character."""
+    by_script: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    examples = []
+    for seed in range(n):
+        task = make_custom_tool_task(random.Random(f"script-call:test:{seed}"), "test", foreign=True)
+        want = json.loads(task.solution[0].tool_calls[0].function.arguments)
+        (key, name), = ((k, v) for k, v in want.items() if k != "description")
+        msg, _ = _as_message(generate(list(task.messages), [t.spec for t in task.tools]))
+        got = ""
+        if msg.tool_calls:
+            try:
+                got = str(json.loads(msg.tool_calls[0].function.arguments).get(key, ""))
+            except ValueError:
+                pass
+        counts = by_script[_script_of(name)]
+        counts.update(calls=1, exact=got == name, first_character=bool(got) and got[0] == name[0])
+        if len(examples) < 8:
+            examples.append({"name": name, "got": got})
+    total = sum(by_script.values(), collections.Counter())
+    rates = {s: {"calls": c["calls"], "exact": c["exact"] / c["calls"],
+                 "first_character": c["first_character"] / c["calls"]} for s, c in sorted(by_script.items())}
+    return {"calls": n, "exact": total["exact"] / max(n, 1), "first_character": total["first_character"] / max(n, 1),
+            "by_script": rates, "examples": examples}
 
 
 # --------------------------------------------------------------------------- agent loop
@@ -285,12 +322,19 @@ def run(args: argparse.Namespace) -> dict:
                                            args.drills)
         log("copying probe (assistant top-1 on test drills): " + ", ".join(
             f"{kind} {v['top1']:.3f}" for kind, v in result["copying"].items()))
-    if args.tasks:
+    if args.tasks or args.script_calls:
         from leyline_runtime.runtime import Runtime, RuntimeConfig
 
         runtime = Runtime(RuntimeConfig(model_path=path))
         gen = RuntimeGenerator(runtime, max_tokens=args.max_tokens, constrained=args.constrained)
         result["constrained"] = args.constrained
+    if args.script_calls:
+        result["script_calls"] = script_calls(gen, args.script_calls)
+        gen.close()
+        sc = result["script_calls"]
+        log(f"names in other scripts: exact {sc['exact']:.1%}, first character {sc['first_character']:.1%} "
+            f"of {sc['calls']}")
+    if args.tasks:
         mix = TaskMix(args.order_share, args.api_share, args.custom_tool_share)
         agent = run_agent_eval(gen, args.tasks, args.max_turns, args.start, progress=log, mix=mix)
         gen.close()
