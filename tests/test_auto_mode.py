@@ -161,7 +161,7 @@ def test_partial_recompute_equals_fresh_prefill_rows(rt):
     assert max_diff(before[:, a:b], fresh[:, a:b]) > 1e-3  # amortize left them stale
     rt.executor.recompute(s, a, b)
     after = rows(rt, s)
-    assert max_diff(after[:, a:b], fresh[:, a:b]) <= 1e-5
+    assert fp32_diff(after[:, a:b], fresh[:, a:b]) <= 2e-6  # same sums in another order: relative bound
     assert torch.equal(after[:, :a], before[:, :a]) and torch.equal(after[:, b:], before[:, b:])
     assert rt.pool.num_free == free  # the copied blocks replaced the old ones
 
