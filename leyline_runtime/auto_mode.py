@@ -62,9 +62,9 @@ class AutoConfig:
     signal_window: int = 64
     attention_queries: int = 8  # newest positions whose layer-0 attention stands in for the next turn's
     # In drift units (layer-1 change x (num_layers - 1)): deeper models pass it sooner. 14 from the
-    # shipped weights' calibration sessions (budgets 9/10/12/14 on the 18-layer stack cost 21.2/20.5/
-    # 15.0/11.9% of forget's recompute at next-turn top-1 0.991/0.991/0.990/0.991; with 14 the 6- and
-    # 12-layer models keep 0.997 and 0.994).
+    # calibration sessions of run 8's weights, the default model before run 9 (budgets 9/10/12/14 on
+    # the 18-layer stack cost 21.2/20.5/15.0/11.9% of forget's recompute at next-turn top-1
+    # 0.991/0.991/0.990/0.991; with 14 the 6- and 12-layer models keep 0.997 and 0.994).
     drift_budget: float | None = 14.0
 
 
