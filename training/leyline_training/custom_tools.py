@@ -22,17 +22,16 @@ from leyline_sdk.protocol import FunctionCall, Message, ToolCall
 from leyline_sdk.tools_prompt import tools_message
 
 from . import names as N
-from .writing_systems import script_name
+from .writing_systems import SCRIPT_BLOCKS, script_name
 
 ENTITY_KINDS = ["customer", "user", "project", "team", "account", "company", "contact", "vendor"]
 COMPANY_SUFFIXES = ["Group", "Labs", "GmbH", "Ltd", "Inc", "Studio", "Partners", "Co"]
 LOOKUP_ATTRS = ["weather", "population", "timezone", "price", "status", "owner", "rating"]
 SYSTEM_PROMPTS = ["You are a helpful assistant.", "You are a helpful assistant. Use the tools when asked.",
                   "Answer with the tool results.", "You can call tools."]
-# The whole CJK Unified Ideographs block (20,992 characters, 3 UTF-8 bytes each): names in another
-# script, too many to memorise, so they can only be copied byte by byte. (A first version drew from
-# the block's first 2,000 only, and its model wrote characters of that range instead of copying.)
-_CJK_BLOCK = (0x4E00, 0x9FFF)
+# CJK names come from the whole CJK Unified Ideographs block (20,992 characters, 3 UTF-8 bytes each):
+# too many to memorise, so they can only be copied byte by byte. (A first version drew from the
+# block's first 2,000 only, and its model wrote characters of that range instead of copying.)
 
 
 @dataclass
@@ -60,7 +59,7 @@ def _name_value(rng: random.Random, split: str, foreign: bool = False) -> str:
         return script_name(rng)
     roll = rng.random()
     if roll < 0.3:
-        return "".join(chr(rng.randint(*_CJK_BLOCK)) for _ in range(rng.randint(2, 6)))
+        return "".join(chr(rng.randint(*SCRIPT_BLOCKS["cjk"])) for _ in range(rng.randint(2, 6)))
     words = [w.capitalize() for w in rng.sample(N.nouns(split), rng.randint(1, 2))]
     if roll < 0.7:
         words.append(rng.choice(COMPANY_SUFFIXES))

@@ -5,19 +5,20 @@ outside ASCII is two to four single-byte tokens (``你`` is ``ä ½ ł``). The r
 the corpus almost never contains them, and the token echo drills leave single bytes
 out of their pool, so run 8 could not copy one: asked for a customer named ``你好啊集团``
 (LangChain's standard test) or ``тип`` it wrote ``賰鿰迅腰`` and ``腰煰酰腰`` (the same
-few characters whatever it was given; 0 of 42 names of seven scripts in a probe).
+few characters whatever it was given; 0 of 42 names in CJK, kana, Cyrillic and Greek in a probe).
 
 Byte copying is also the harder kind: in ``你好啊集团`` the byte ``å`` occurs three
 times, followed each time by a different byte, so "find the previous occurrence and
 emit what followed it" is ambiguous unless the copy keeps its place. These drills
 give that signal densely, in two forms:
 
-* ``script_echo``: repeat the user's text, runs of characters drawn uniformly from
+* :func:`script_echo`: repeat the user's text, runs of characters drawn uniformly from
   whole blocks of eleven scripts (too many to memorise) between ASCII words and numbers;
-* ``script_call``: a custom-tool task (:mod:`.custom_tools`) whose name value is in one
-  of those scripts, the way API users ask (``Create a customer named '…'``).
+* a custom-tool task whose name value is :func:`script_name` (``make_custom_tool_task(...,
+  foreign=True)``), the way API users ask (``Create a customer named '…'``).
 
-A drill is a pure function of its random generator.
+:func:`.drills.make_script_drill` draws one of the two. A drill is a pure function of its
+random generator.
 """
 
 from __future__ import annotations
