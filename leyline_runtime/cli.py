@@ -34,6 +34,7 @@ DEFAULT_PORT = 8000
 # (tests/test_server_cli.py checks they agree).
 SERVE_DEFAULTS = {"dtype": "float32", "device": "cpu", "max_cache_tokens": 65536, "model_name": "leyline-default",
                   "max_num_seqs": 64, "max_batched_tokens": 512}
+CPU_GEMM_CHOICES = ("auto", "blas", "onednn")  # model.layers.CPU_GEMMS (checked by the same test)
 DRIFT_BUDGET_DEFAULT = 14.0  # AutoConfig.drift_budget (checked by the same test)
 # server.limits.Limits' defaults, for the same reason.
 LIMIT_DEFAULTS = {"max_body_bytes": 8 * 2**20, "max_message_bytes": 2**20, "max_messages": 4096,
@@ -70,6 +71,9 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                         "its earliest drifted token. 'none' turns repairs off (default: %(default)s)")
     p.add_argument("--threads", type=int, metavar="N", default=None,
                    help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--cpu-gemm", choices=list(CPU_GEMM_CHOICES), default="auto",
+                   help="library for fp32 matrix products on the CPU: blas (torch's MKL), onednn, or auto: "
+                        "oneDNN except on Intel CPUs, where MKL takes its fast kernels (default: %(default)s)")
     sched = p.add_argument_group("scheduling (see docs/operations.md)")
     sched.add_argument("--max-num-seqs", type=_positive, metavar="N", default=defaults.max_num_seqs,
                        help="generations decoding together in one step; more take turns (default: %(default)s)")
@@ -218,11 +222,13 @@ def build_runtime(args: argparse.Namespace):
     from .auto_mode import AutoConfig
     from .model import load_model
     from .model.default import DEFAULT_MODEL_DIR
+    from .model.layers import cpu_gemm, cpu_vendor, set_cpu_gemm
     from .runtime import Runtime, RuntimeConfig
     from .tokenizer import ChatTokenizer
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    set_cpu_gemm(args.cpu_gemm)
     config = RuntimeConfig(model_path=args.model, dtype=args.dtype, device=args.device,
                            max_cache_tokens=args.max_cache_tokens, api_keys=list(args.api_keys),
                            model_name=args.model_name, auto=AutoConfig(drift_budget=args.drift_budget),
@@ -236,6 +242,8 @@ def build_runtime(args: argparse.Namespace):
     cfg = model.config
     say(f"      {params / 1e6:.1f}M parameters, {cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}, "
         f"kv_lora_rank {cfg.kv_lora_rank}, context {cfg.max_position_embeddings}, {args.dtype} on {args.device}")
+    if args.device == "cpu":
+        say(f"      fp32 products on {cpu_gemm()} (--cpu-gemm {args.cpu_gemm}; CPU vendor {cpu_vendor() or 'unknown'})")
     with stage("[2/3] loading tokenizer"):
         folder = args.model or DEFAULT_MODEL_DIR
         tokenizer = ChatTokenizer.from_file(os.path.join(folder, "tokenizer.json"))

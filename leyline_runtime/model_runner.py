@@ -40,7 +40,7 @@ class ModelRunner:
             wanted.append(k)
             offset += n
         layout = BatchLayout.build(segments, logit_rows, self.device, gather=not self.batch_invariant,
-                                    scratch=self.scratch)
+                                    scratch=self.scratch, block_size=self.pool.block_size)
         with invariant_products(self.batch_invariant):
             logits = self.model.forward_batch(torch.tensor(ids, dtype=torch.long, device=self.device),
                                               self.pool.rows, layout)

@@ -1,5 +1,7 @@
 """Shared test fixtures: small histories in the runtime's chat template."""
 
+from contextlib import contextmanager
+
 from leyline_sdk.protocol import FunctionCall, Message, ToolCall
 
 
@@ -34,3 +36,16 @@ def fp32_diff(a, b) -> float:
     """
     scale = max(1.0, a.abs().max().item(), b.abs().max().item())
     return (a - b).abs().max().item() / scale
+
+
+@contextmanager
+def cpu_gemm(choice: str):
+    """fp32 CPU products on ``choice`` ("blas" / "onednn") within the block (a process setting)."""
+    from leyline_runtime.model import layers
+
+    before = layers.cpu_gemm_setting()
+    layers.set_cpu_gemm(choice)
+    try:
+        yield
+    finally:
+        layers.set_cpu_gemm(before)

@@ -121,9 +121,10 @@ def test_batch_invariant_mode_makes_batched_bit_equal_to_solo(rt_invariant, monk
         assert torch.equal(logprob_table(x), logprob_table(y))
 
 
-def test_grouped_attention_equals_each_sequence_reading_its_rows_in_place(rt):
+@pytest.mark.parametrize("by_blocks", [True, False])
+def test_grouped_attention_equals_each_sequence_reading_its_rows_in_place(rt, by_blocks):
     """Short prefill runs, and decode steps over short histories, attending in groups over padded
-    gathers of their rows == each sequence over its rows in place."""
+    gathers of their rows (whole blocks, or row by row) == each sequence over its rows in place."""
     from leyline_runtime.kv_cache import BlockTable, ensure_capacity
     from leyline_runtime.model import batch
 
@@ -134,10 +135,13 @@ def test_grouped_attention_equals_each_sequence_reading_its_rows_in_place(rt):
     long_decode = batch.MAX_GROUPED_DECODE_ROWS + 40
     shapes = [(3, 1), (200, 1), (160, 1), (long_decode, 1), (40, 8), (0, 12), (37, 6), (900, 20),
               (880, batch.MAX_GROUPED_PREFILL), (30, batch.MAX_GROUPED_PREFILL + 9)]
-    tables = []
-    for cached, n in shapes:
-        tables.append(BlockTable(pool.block_size))
-        ensure_capacity(pool, tables[-1], cached + n)
+    tables = [BlockTable(pool.block_size) for _ in shapes]
+    bs = pool.block_size
+    for k in range(0, max(c + n for c, n in shapes) + bs, bs):  # one block each in turn: interleaved
+        for t, (cached, n) in zip(tables, shapes):
+            ensure_capacity(pool, t, min(k + bs, cached + n))
+    assert len(tables[3].extents(long_decode)) > 1  # several runs of rows, not one
+    unit = bs if by_blocks else 1
     try:
         for t, (cached, _) in zip(tables, shapes):
             if cached:
@@ -148,13 +152,18 @@ def test_grouped_attention_equals_each_sequence_reading_its_rows_in_place(rt):
 
         def logits(gather: bool):
             segments = [(cached, n, t.extents(cached + n)) for t, (cached, n) in zip(tables, shapes)]
-            layout = batch.BatchLayout.build(segments, list(range(total)), pool.rows.device, gather=gather)
+            layout = batch.BatchLayout.build(segments, list(range(total)), pool.rows.device, gather=gather,
+                                             block_size=unit)
             return layout, rt.model.forward_batch(ids, pool.rows, layout)
 
         grouped, a = logits(True)
         alone, b = logits(False)
-        assert [g.shape for g in grouped.groups] == [(2, batch.MAX_GROUPED_PREFILL, 920), (2, 8, 48),
-                                                     (2, 1, 201)]
+        def padded(rows: int) -> int:
+            return -(-rows // unit) * unit
+
+        assert [g.shape for g in grouped.groups] == [(2, batch.MAX_GROUPED_PREFILL, padded(920)),
+                                                     (2, 8, padded(48)), (2, 1, padded(201))]
+        assert {g.unit for g in grouped.groups} == {unit}
         assert len(grouped.prefills) == 2 and len(grouped.decodes) == 2  # (3, 1) alone: padding
         assert not alone.groups and len(alone.decodes) == 4 and len(alone.prefills) == 6
         assert fp32_diff(a, b) <= 1e-5

@@ -71,6 +71,15 @@ def test_prefill(tmp_path):
     assert cell["speedup_vs_peer"] == cell["median_s"]["peer"] / cell["median_s"]["leyline"]
 
 
+def test_gemm(tmp_path):
+    p = run_bench(tmp_path, "gemm")
+    assert [c["rows"] for c in p["cells"]] == [1, 16]
+    assert p["auto_choice"] in ("blas", "onednn")
+    for c in p["cells"]:
+        assert c["speedup_onednn"] == c["median_s"]["blas"] / c["median_s"]["onednn"]
+        assert max(c["max_relative_error"].values()) < 1e-5  # both are fp32 products
+
+
 def test_kernel(tmp_path):
     p = run_bench(tmp_path, "kernel", "--rows", "1024", "--reps", "2")
     assert {r["dtype"] for r in p["results"]} == {"float32", "bfloat16"}

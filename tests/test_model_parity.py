@@ -8,6 +8,8 @@ transformers = pytest.importorskip("transformers")
 from leyline_runtime import load_model  # noqa: E402
 from leyline_runtime.model import UnsupportedConfig  # noqa: E402
 
+from helpers import cpu_gemm  # noqa: E402
+
 BASE = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
             num_attention_heads=4, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8,
             v_head_dim=12, max_position_embeddings=512)
@@ -51,14 +53,15 @@ def build_reference(kind, overrides, seed=0):
     return model.eval()
 
 
+@pytest.mark.parametrize("gemm", ["blas", "onednn"])
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_logits_match_transformers(case, tmp_path):
+def test_logits_match_transformers(case, gemm, tmp_path):
     kind, overrides = CASES[case]
     ref = build_reference(kind, overrides)
     ref.save_pretrained(tmp_path)
     ours = load_model(str(tmp_path))
     ids = torch.randint(0, BASE["vocab_size"], (2, 160), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
+    with torch.no_grad(), cpu_gemm(gemm):  # both libraries an fp32 CPU product can run on
         expected = ref(ids).logits
         got = ours(ids)
     assert expected.std() > 0.5, "logits too flat to be a meaningful comparison"

@@ -16,12 +16,12 @@ from leyline_runtime.extras import MissingExtra, require
 def build_parser() -> argparse.ArgumentParser:
     # The subcommands import torch and the runtime at module level: check the extra first.
     require("bench", "leyline-bench")
-    from . import chaos, edit, fidelity, grammar, kernel, prefill, replay, serve, vllm
+    from . import chaos, edit, fidelity, gemm, grammar, kernel, prefill, replay, serve, vllm
 
     parser = argparse.ArgumentParser(prog="leyline-bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    for module in (edit, kernel, fidelity, grammar, prefill, replay, serve, chaos, vllm):
+    for module in (edit, kernel, gemm, fidelity, grammar, prefill, replay, serve, chaos, vllm):
         module.add_parser(sub)
     for p in sub.choices.values():
         p.add_argument("--out", default="bench-out", help="output folder (default: bench-out/)")

@@ -62,7 +62,8 @@ def _runtime_line(rt: dict | None) -> str:
         return ""
     return (f"\nModel: {rt['model']} ({rt['layers']} layers, hidden {rt['hidden_size']}, kv_lora_rank "
             f"{rt['kv_lora_rank']}, rope {rt['qk_rope_head_dim']}, context {rt['max_position_embeddings']}), "
-            f"{rt['dtype']}, prefill chunk {rt['prefill_chunk']}, block {rt['block_size']}.\n")
+            f"{rt['dtype']}, prefill chunk {rt['prefill_chunk']}, block {rt['block_size']}"
+            f"{', fp32 products on ' + rt['cpu_gemm'] if rt.get('cpu_gemm') else ''}.\n")
 
 
 def write_results(out: str | Path, name: str, result: dict, title: str, body_md: str) -> dict:

@@ -20,6 +20,7 @@ import torch
 
 from leyline_runtime.kv_cache import BlockTable, ensure_capacity
 from leyline_runtime.model import load_model
+from leyline_runtime.model.layers import set_cpu_gemm
 from leyline_runtime.runtime import Runtime, RuntimeConfig
 from . import plots
 from .machine import runtime_info
@@ -39,6 +40,8 @@ def add_parser(sub) -> None:
     p.add_argument("--model", default=None, help="model folder (default: the embedded default model)")
     p.add_argument("--max-positions", type=int, default=None,
                    help="raise max_position_embeddings to this for the timing (default: max of --contexts)")
+    p.add_argument("--cpu-gemm", choices=["auto", "blas", "onednn"], default="auto",
+                   help="Leyline's library for fp32 CPU products (serve --cpu-gemm; default: %(default)s)")
     p.set_defaults(run=run, quick_overrides={"contexts": [256], "dtypes": ["float32"], "reps": 1})
 
 
@@ -87,6 +90,7 @@ def _cells(arms: PrefillArms, dtype: str, args, log) -> list[dict]:
 
 
 def run(args, log=print) -> dict:
+    set_cpu_gemm(args.cpu_gemm)
     max_positions = args.max_positions or max(args.contexts)
     cells, info = [], None
     with scratch_dir() as scratch:
@@ -95,7 +99,7 @@ def run(args, log=print) -> dict:
             info = runtime_info(arms.runtime)
             cells += _cells(arms, dtype, args, log)
             del arms
-    keys = ("contexts", "dtypes", "reps", "model")
+    keys = ("contexts", "dtypes", "reps", "model", "cpu_gemm")
     result = {"benchmark": "prefill", "settings": {**{k: getattr(args, k) for k in keys},
                                                    "max_positions": max_positions},
               "runtime": info, "cells": cells,

@@ -24,6 +24,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from leyline_runtime.engine_stats import KINDS
+from leyline_runtime.model.layers import set_cpu_gemm
 from leyline_runtime.runtime import RuntimeConfig
 from . import plots
 from .inproc import serve_in_subprocess, serve_in_thread
@@ -47,6 +48,8 @@ def add_parser(sub) -> None:
     p.add_argument("--model", default=None)
     p.add_argument("--batch-invariant", action="store_true",
                    help="without --base-url: start the server with --batch-invariant")
+    p.add_argument("--cpu-gemm", choices=["auto", "blas", "onednn"], default="auto",
+                   help="without --base-url: the server's --cpu-gemm (default: %(default)s)")
     p.set_defaults(run=run, quick_overrides={"concurrency": [1, 2], "loops": 1, "max_tokens": 2,
                                              "stream_requests": 1, "stream_max_tokens": 4})
 
@@ -55,11 +58,12 @@ def _server(args):
     if args.base_url:
         return contextlib.nullcontext(args.base_url)
     if args.server == "thread":
+        set_cpu_gemm(args.cpu_gemm)
         return serve_in_thread(RuntimeConfig(model_path=args.model, api_keys=[args.api_key] if args.api_key else [],
                                              batch_invariant=args.batch_invariant))
     cli = [*(["--model", args.model] if args.model else []), *(["--api-key", args.api_key] if args.api_key else []),
            *(["--threads", str(args.threads)] if args.threads else []),
-           *(["--batch-invariant"] if args.batch_invariant else [])]
+           *(["--batch-invariant"] if args.batch_invariant else []), "--cpu-gemm", args.cpu_gemm]
     return serve_in_subprocess(cli)
 
 
@@ -140,7 +144,8 @@ def run(args, log=print) -> dict:
     result = {"benchmark": "serve", "base_url": args.base_url or f"local ({args.server})",
               "settings": {"concurrency": args.concurrency, "loops": args.loops, "max_seconds": args.max_seconds,
                            "max_tokens": args.max_tokens, "stream_requests": args.stream_requests,
-                           "stream_max_tokens": args.stream_max_tokens, "batch_invariant": args.batch_invariant},
+                           "stream_max_tokens": args.stream_max_tokens, "batch_invariant": args.batch_invariant,
+                           "cpu_gemm": None if args.base_url else args.cpu_gemm},
               "levels": levels, "errors": errors, "failed": errors > 0,
               "notes": ["Decode phase: streamed, session-bound chat turns; tokens/s = completion tokens of all "
                         "sessions / wall time from their common start; TTFT = time to the first SSE event.",

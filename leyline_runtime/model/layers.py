@@ -20,9 +20,63 @@ def cpu_has_bf16_matmul() -> bool:
     return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
+#: Libraries an fp32 CPU product can run on at inference: torch's BLAS (MKL in the CPU wheel) or oneDNN.
+CPU_GEMMS = ("auto", "blas", "onednn")
+
+
+@functools.cache
+def cpu_vendor() -> str:
+    """``vendor_id`` of /proc/cpuinfo (e.g. GenuineIntel, AuthenticAMD); "" where there is none."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("vendor_id"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
+@functools.cache
+def auto_cpu_gemm() -> str:
+    """What ``"auto"`` picks on this CPU.
+
+    MKL takes its fast kernels on Intel CPUs only: on a 2-core AMD EPYC with AVX-512 its sgemm ran
+    1.8-2.4x slower than oneDNN's for 16-4096 rows of this model's products (same results to
+    rounding; docs/design.md, "GEMM library"). oneDNN compiles its kernels for the CPU it finds. On
+    Intel CPUs MKL stays, as measured before (prefill at parity with transformers).
+    """
+    if not torch.backends.mkldnn.is_available():
+        return "blas"
+    return "blas" if cpu_vendor() == "GenuineIntel" else "onednn"
+
+
+# A process setting, like torch's thread count: models and engines in one process share it.
+_cpu_gemm = "auto"
+
+
+def set_cpu_gemm(choice: str) -> None:
+    """fp32 CPU inference products of every :class:`Linear` run on ``choice`` (one of :data:`CPU_GEMMS`)."""
+    global _cpu_gemm
+    if choice not in CPU_GEMMS:
+        raise ValueError(f"cpu_gemm must be one of {CPU_GEMMS}, not {choice!r}")
+    _cpu_gemm = choice
+
+
+def cpu_gemm_setting() -> str:
+    """The setting itself (``"auto"`` included), to restore later."""
+    return _cpu_gemm
+
+
+def cpu_gemm() -> str:
+    """The library fp32 CPU inference products run on now: "blas" or "onednn"."""
+    return auto_cpu_gemm() if _cpu_gemm == "auto" else _cpu_gemm
+
+
 #: Rows a product is padded to in batch-invariant mode. torch 2.13's CPU BLAS computes a row of
 #: ``x @ W.T`` with another kernel when the product has fewer than 16 rows (its outputs move in the
 #: last bits); from 16 rows on, a row's result does not depend on the row count (docs/design.md).
+#: oneDNN's fp32 products do so from 2 rows on (checked up to 8192 rows, 1 and 2 threads).
 INVARIANT_ROWS = 16
 
 
@@ -55,9 +109,10 @@ def padded_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
 
 
 class Linear(nn.Linear):
-    """``nn.Linear``; in bf16 on a CPU without bf16 instructions, inference runs it as an fp32 GEMM.
+    """``nn.Linear``; fp32 CPU inference runs on the GEMM library of :func:`cpu_gemm`, and in bf16
+    on a CPU without bf16 instructions as an fp32 GEMM.
 
-    There oneDNN emulates bf16 GEMMs at a fraction of the fp32 speed. The
+    Without bf16 instructions oneDNN emulates bf16 GEMMs at a fraction of the fp32 speed. The
     operands upcast exactly (bf16 is a subset of fp32) and the product
     accumulates in fp32 as a bf16 GEMM does; the output rounds to bf16 as
     usual, so only the order of the sums differs. Costs an fp32 copy of the
@@ -77,11 +132,42 @@ class Linear(nn.Linear):
         return self._product(x)
 
     def _product(self, x: torch.Tensor) -> torch.Tensor:
-        if (x.dtype != torch.bfloat16 or x.device.type != "cpu" or cpu_has_bf16_matmul()
-                or (torch.is_grad_enabled() and self.weight.requires_grad)):
+        if (x.device.type != "cpu" or not x.numel() or x.dtype not in (torch.float32, torch.bfloat16)
+                or (x.dtype == torch.bfloat16 and cpu_has_bf16_matmul())
+                or (torch.is_grad_enabled() and self.weight.requires_grad)):  # training: autograd's linear
             return super().forward(x)
+        if x.dtype == torch.float32:
+            return self._fp32_product(x, self.weight, self.bias)
         bias = None if self.bias is None else self.bias.float()
-        return F.linear(x.float(), self._fp32_weight(), bias).to(x.dtype)
+        return self._fp32_product(x.float(), self._fp32_weight(), bias).to(x.dtype)
+
+    def _fp32_product(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if cpu_gemm() == "onednn":
+            return onednn_linear(x, weight, bias)
+        return F.linear(x, weight, bias)
+
+
+def onednn_rows(rows: int) -> int:
+    """``rows`` rounded up to one of about eight sizes per power of two (at most 12.5% more).
+
+    oneDNN builds a kernel per product shape and keeps 1024 of them: a server whose steps bring ever
+    new row counts would rebuild them without end (400 row counts x 6 of this model's shapes, twice:
+    10.5 s against MKL's 9.8 s; rounded up like this, 4.7 s).
+    """
+    step = 1 << max(0, rows.bit_length() - 4)
+    return -(-rows // step) * step
+
+
+def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``F.linear`` on oneDNN, the rows padded to :func:`onednn_rows` (a row's result does not
+    depend on the rows beside it: see INVARIANT_ROWS)."""
+    flat = x.reshape(-1, x.shape[-1])
+    rows = flat.shape[0]
+    padded = onednn_rows(rows)
+    if padded != rows:
+        flat = torch.cat((flat, flat.new_zeros(padded - rows, flat.shape[1])))
+    out = torch.ops.mkldnn._linear_pointwise(flat, weight, bias, "none", [], "")
+    return out[:rows].reshape(*x.shape[:-1], weight.shape[0])
 
     def _fp32_weight(self) -> torch.Tensor:
         w = self.weight

@@ -1,0 +1,82 @@
+"""fp32 CPU products on either library (torch's BLAS or oneDNN): the same results to rounding, the row
+property batch-invariant mode rests on, training untouched, and how ``auto`` chooses."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from leyline_runtime.model import layers
+from leyline_runtime.model.layers import Linear
+from leyline_runtime.runtime import Runtime, RuntimeConfig
+from leyline_sdk.protocol import GenerateRequest, SessionCreate
+
+from helpers import agent_history, cpu_gemm, fp32_diff
+
+GEMMS = ["blas", "onednn"]
+
+
+def exact(x: torch.Tensor, layer: Linear) -> torch.Tensor:
+    return x.double() @ layer.weight.double().T + layer.bias.double()
+
+
+@pytest.mark.parametrize("gemm", GEMMS)
+def test_product_is_the_fp32_product(gemm):
+    gen = torch.Generator().manual_seed(0)
+    layer = Linear(384, 1024)
+    for rows in (1, 3, 16, 257):
+        x = torch.randn(rows, 384, generator=gen)
+        with torch.no_grad(), cpu_gemm(gemm):
+            out = layer(x)
+        assert out.dtype == torch.float32 and out.shape == (rows, 1024)
+        # a few fp32 ulps of the terms summed (384 of them, each |x w| ~ 1e-1)
+        assert (out.double() - exact(x, layer)).abs().max().item() <= 1e-5
+
+
+@pytest.mark.parametrize("gemm", GEMMS)
+def test_a_rows_result_does_not_depend_on_the_row_count_from_16_rows(gemm):
+    """What batch-invariant mode (products padded to INVARIANT_ROWS) rests on, for both libraries."""
+    gen = torch.Generator().manual_seed(1)
+    for d_in, d_out in ((384, 384), (384, 1024), (1024, 384), (384, 8192)):
+        layer = Linear(d_in, d_out, bias=False)
+        x = torch.randn(600, d_in, generator=gen)
+        with torch.no_grad(), cpu_gemm(gemm):
+            first = layer(x[: layers.INVARIANT_ROWS])
+            for rows in (17, 64, 600):
+                assert torch.equal(layer(x[:rows])[: layers.INVARIANT_ROWS], first), (gemm, d_in, d_out, rows)
+
+
+def test_training_keeps_autograd_linear_whatever_the_library():
+    layer = Linear(8, 4)
+    x = torch.randn(5, 8, requires_grad=True)
+    with cpu_gemm("onednn"):
+        layer(x).sum().backward()
+    assert x.grad is not None and layer.weight.grad is not None
+    assert torch.allclose(layer.weight.grad, x.detach().sum(0).expand(4, 8))
+
+
+def test_greedy_generation_agrees_across_libraries():
+    """The served model on both libraries: the same greedy tokens, logprobs equal to rounding."""
+    rt = Runtime(RuntimeConfig(max_cache_tokens=8192))
+    results = {}
+    for gemm in GEMMS:
+        with cpu_gemm(gemm):
+            sid = rt.create_session(SessionCreate(messages=agent_history())).session_id
+            results[gemm] = rt.generate(sid, GenerateRequest(max_tokens=12, temperature=0.0, logprobs=True))
+            rt.delete_session(sid)
+    blas, onednn = results["blas"], results["onednn"]
+    assert [t.token for t in blas.logprobs] == [t.token for t in onednn.logprobs]
+    lp = [torch.tensor([t.logprob for t in r.logprobs]) for r in (blas, onednn)]
+    assert fp32_diff(*lp) <= 1e-4
+
+
+def test_unknown_library_is_refused():
+    with pytest.raises(ValueError, match="cpu_gemm"):
+        layers.set_cpu_gemm("openblas")
+
+
+@pytest.mark.parametrize(("vendor", "expected"), [("GenuineIntel", "blas"), ("AuthenticAMD", "onednn"),
+                                                  ("", "onednn")])
+def test_auto_keeps_mkl_on_intel_only(monkeypatch, vendor, expected):
+    monkeypatch.setattr(layers, "cpu_vendor", lambda: vendor)
+    assert layers.auto_cpu_gemm.__wrapped__() == expected
