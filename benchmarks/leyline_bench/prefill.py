@@ -99,6 +99,8 @@ def run(args, log=print) -> dict:
             info = runtime_info(arms.runtime)
             cells += _cells(arms, dtype, args, log)
             del arms
+    if info is not None:
+        info["dtype"] = " and ".join(args.dtypes)  # each cell names its own
     keys = ("contexts", "dtypes", "reps", "model", "cpu_gemm")
     result = {"benchmark": "prefill", "settings": {**{k: getattr(args, k) for k in keys},
                                                    "max_positions": max_positions},
