@@ -142,10 +142,15 @@ def run_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from .model.config import UnsupportedConfig
+    from .model.layers import set_cpu_gemm
     from .server import create_app
 
     from .server.limits import Limits
 
+    try:
+        set_cpu_gemm(args.cpu_gemm)
+    except ValueError as exc:
+        return fail(f"--cpu-gemm {args.cpu_gemm}: {exc}")
     try:
         runtime = build_runtime(args)
     except (OSError, UnsupportedConfig) as exc:
@@ -222,13 +227,12 @@ def build_runtime(args: argparse.Namespace):
     from .auto_mode import AutoConfig
     from .model import load_model
     from .model.default import DEFAULT_MODEL_DIR
-    from .model.layers import cpu_gemm, cpu_vendor, set_cpu_gemm
+    from .model.layers import cpu_gemm, cpu_vendor
     from .runtime import Runtime, RuntimeConfig
     from .tokenizer import ChatTokenizer
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    set_cpu_gemm(args.cpu_gemm)
     config = RuntimeConfig(model_path=args.model, dtype=args.dtype, device=args.device,
                            max_cache_tokens=args.max_cache_tokens, api_keys=list(args.api_keys),
                            model_name=args.model_name, auto=AutoConfig(drift_budget=args.drift_budget),

@@ -70,9 +70,13 @@ def test_greedy_generation_agrees_across_libraries():
     assert fp32_diff(*lp) <= 1e-4
 
 
-def test_unknown_library_is_refused():
+def test_unknown_library_is_refused(monkeypatch):
     with pytest.raises(ValueError, match="cpu_gemm"):
         layers.set_cpu_gemm("openblas")
+    monkeypatch.setattr(layers, "onednn_available", lambda: False)  # a torch built without oneDNN
+    with pytest.raises(ValueError, match="no oneDNN"):
+        layers.set_cpu_gemm("onednn")
+    assert layers.cpu_gemm_setting() == "auto"
 
 
 @pytest.mark.parametrize(("vendor", "expected"), [("GenuineIntel", "blas"), ("AuthenticAMD", "onednn"),
@@ -80,3 +84,5 @@ def test_unknown_library_is_refused():
 def test_auto_keeps_mkl_on_intel_only(monkeypatch, vendor, expected):
     monkeypatch.setattr(layers, "cpu_vendor", lambda: vendor)
     assert layers.auto_cpu_gemm.__wrapped__() == expected
+    monkeypatch.setattr(layers, "onednn_available", lambda: False)
+    assert layers.auto_cpu_gemm.__wrapped__() == "blas"

@@ -16,7 +16,7 @@ import pytest
 from test_server_support import history, metric
 
 from leyline_runtime import cli
-from leyline_runtime.model.layers import CPU_GEMMS
+from leyline_runtime.model.layers import CPU_GEMMS, cpu_gemm
 from leyline_runtime.runtime import RuntimeConfig
 from leyline_runtime.server.limits import Limits
 
@@ -96,6 +96,7 @@ def test_openai_client_against_a_real_server(server):
     base_url, log_path = server
     startup = log_path.read_text()
     assert "embedded default" in startup and "parameters" in startup and "listening on" in startup
+    assert f"fp32 products on {cpu_gemm()} (--cpu-gemm auto" in startup
 
     client = openai.OpenAI(base_url=f"{base_url}/v1", api_key=API_KEY, max_retries=0)
     assert [m.id for m in client.models.list()] == ["leyline-default"]

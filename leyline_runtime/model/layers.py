@@ -46,9 +46,14 @@ def auto_cpu_gemm() -> str:
     rounding; docs/design.md, "GEMM library"). oneDNN compiles its kernels for the CPU it finds. On
     Intel CPUs MKL stays, as measured before (prefill at parity with transformers).
     """
-    if not torch.backends.mkldnn.is_available():
+    if not onednn_available():
         return "blas"
     return "blas" if cpu_vendor() == "GenuineIntel" else "onednn"
+
+
+def onednn_available() -> bool:
+    """torch was built with oneDNN and has the fused linear operator used here (torch 2.13 has)."""
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
 # A process setting, like torch's thread count: models and engines in one process share it.
@@ -60,6 +65,8 @@ def set_cpu_gemm(choice: str) -> None:
     global _cpu_gemm
     if choice not in CPU_GEMMS:
         raise ValueError(f"cpu_gemm must be one of {CPU_GEMMS}, not {choice!r}")
+    if choice == "onednn" and not onednn_available():
+        raise ValueError("cpu_gemm 'onednn': this torch build has no oneDNN linear operator")
     _cpu_gemm = choice
 
 
