@@ -286,3 +286,17 @@ def test_batch_invariant_long_prefill_beside_decoding_sessions_equals_alone(rt_i
     assert torch.equal(logprob_table(alone), logprob_table(beside))
     for sid in [alone_id, beside_id, *busy_ids]:
         rt.delete_session(sid)
+
+
+def test_a_group_gathers_whole_blocks_only_where_positions_map_to_them():
+    """Block gather needs every run of rows to start a block and all but the last to be whole blocks;
+    other extents (never a table's) fall back to gathering row by row."""
+    from leyline_runtime.model.batch import GatherGroup, Run
+
+    def unit(*extents):
+        members = [Run(0, 1, sum(n for _, n in e) - 1, list(e)) for e in extents]
+        return GatherGroup.build(members, torch.device("cpu"), block_size=16).unit
+
+    assert unit([(0, 16), (64, 5)], [(32, 16), (96, 16)]) == 16
+    assert unit([(0, 10), (64, 5)], [(32, 16)]) == 1  # a short run before the last
+    assert unit([(8, 16)], [(32, 16)]) == 1  # a run not at a block start

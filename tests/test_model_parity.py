@@ -87,19 +87,24 @@ def test_unsupported_config_names_the_field(tmp_path):
         load_model(str(tmp_path))
 
 
-def test_bf16_linear_without_bf16_instructions_is_a_bf16_gemm_summed_in_fp32():
-    """The fp32 route of a bf16 Linear (CPUs without bf16 instructions): exact operands, fp32 sums,
-    one rounding to bf16 -- and its fp32 weight copy follows in-place weight updates."""
+@pytest.mark.parametrize("gemm", ["blas", "onednn"])
+def test_bf16_linear_without_bf16_instructions_is_a_bf16_gemm_summed_in_fp32(gemm, monkeypatch):
+    """The fp32 route of a bf16 Linear (CPUs without bf16 instructions, forced here whatever this CPU
+    has): exact operands, fp32 sums, one rounding to bf16 -- and its fp32 weight copy follows
+    in-place weight updates."""
+    from leyline_runtime.model import layers
     from leyline_runtime.model.layers import Linear
 
+    monkeypatch.setattr(layers, "cpu_has_bf16_matmul", lambda: False)
     gen = torch.Generator().manual_seed(0)
     layer = Linear(256, 96).to(torch.bfloat16)
     x = torch.randn(7, 256, generator=gen).to(torch.bfloat16)
-    with torch.no_grad():
+    with torch.no_grad(), cpu_gemm(gemm):
         for _ in range(2):
             ref = (x.double() @ layer.weight.double().T + layer.bias.double()).to(torch.bfloat16)
             out = layer(x)
             assert out.dtype == torch.bfloat16
+            assert layer._fp32 is not None  # the fp32 route ran
             # within one bf16 rounding of the exact product (fp32 sums differ only far below bf16's ulp)
             assert torch.allclose(out.double(), ref.double(), rtol=2 ** -7, atol=1e-6)
             assert torch.allclose(out.double(), torch.nn.functional.linear(x, layer.weight, layer.bias).double(),

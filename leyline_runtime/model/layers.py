@@ -141,7 +141,7 @@ class Linear(nn.Linear):
     def _product(self, x: torch.Tensor) -> torch.Tensor:
         if (x.device.type != "cpu" or not x.numel() or x.dtype not in (torch.float32, torch.bfloat16)
                 or (x.dtype == torch.bfloat16 and cpu_has_bf16_matmul())
-                or (torch.is_grad_enabled() and self.weight.requires_grad)):  # training: autograd's linear
+                or (torch.is_grad_enabled() and (self.weight.requires_grad or x.requires_grad))):  # autograd's
             return super().forward(x)
         if x.dtype == torch.float32:
             return self._fp32_product(x, self.weight, self.bias)
@@ -152,6 +152,13 @@ class Linear(nn.Linear):
         if cpu_gemm() == "onednn":
             return onednn_linear(x, weight, bias)
         return F.linear(x, weight, bias)
+
+    def _fp32_weight(self) -> torch.Tensor:
+        w = self.weight
+        key = (w.data_ptr(), w._version)
+        if self._fp32 is None or self._fp32[0] != key:
+            self._fp32 = (key, w.detach().float())
+        return self._fp32[1]
 
 
 def onednn_rows(rows: int) -> int:
@@ -175,13 +182,6 @@ def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         flat = torch.cat((flat, flat.new_zeros(padded - rows, flat.shape[1])))
     out = torch.ops.mkldnn._linear_pointwise(flat, weight, bias, "none", [], "")
     return out[:rows].reshape(*x.shape[:-1], weight.shape[0])
-
-    def _fp32_weight(self) -> torch.Tensor:
-        w = self.weight
-        key = (w.data_ptr(), w._version)
-        if self._fp32 is None or self._fp32[0] != key:
-            self._fp32 = (key, w.detach().float())
-        return self._fp32[1]
 
 
 class RMSNorm(nn.Module):
