@@ -20,7 +20,7 @@ import torch
 
 from leyline_runtime.kv_cache import BlockTable, ensure_capacity
 from leyline_runtime.model import load_model
-from leyline_runtime.model.layers import set_cpu_gemm
+from leyline_runtime.model.layers import CPU_GEMMS, set_cpu_gemm
 from leyline_runtime.runtime import Runtime, RuntimeConfig
 from . import plots
 from .machine import runtime_info
@@ -40,7 +40,7 @@ def add_parser(sub) -> None:
     p.add_argument("--model", default=None, help="model folder (default: the embedded default model)")
     p.add_argument("--max-positions", type=int, default=None,
                    help="raise max_position_embeddings to this for the timing (default: max of --contexts)")
-    p.add_argument("--cpu-gemm", choices=["auto", "blas", "onednn"], default="auto",
+    p.add_argument("--cpu-gemm", choices=list(CPU_GEMMS), default="auto",
                    help="Leyline's library for fp32 CPU products (serve --cpu-gemm; default: %(default)s)")
     p.set_defaults(run=run, quick_overrides={"contexts": [256], "dtypes": ["float32"], "reps": 1})
 

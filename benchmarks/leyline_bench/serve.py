@@ -24,7 +24,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from leyline_runtime.engine_stats import KINDS
-from leyline_runtime.model.layers import set_cpu_gemm
+from leyline_runtime.model.layers import CPU_GEMMS, set_cpu_gemm
 from leyline_runtime.runtime import RuntimeConfig
 from . import plots
 from .inproc import serve_in_subprocess, serve_in_thread
@@ -48,7 +48,7 @@ def add_parser(sub) -> None:
     p.add_argument("--model", default=None)
     p.add_argument("--batch-invariant", action="store_true",
                    help="without --base-url: start the server with --batch-invariant")
-    p.add_argument("--cpu-gemm", choices=["auto", "blas", "onednn"], default="auto",
+    p.add_argument("--cpu-gemm", choices=list(CPU_GEMMS), default="auto",
                    help="without --base-url: the server's --cpu-gemm (default: %(default)s)")
     p.set_defaults(run=run, quick_overrides={"concurrency": [1, 2], "loops": 1, "max_tokens": 2,
                                              "stream_requests": 1, "stream_max_tokens": 4})
