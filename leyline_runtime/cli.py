@@ -227,7 +227,7 @@ def build_runtime(args: argparse.Namespace):
     from .auto_mode import AutoConfig
     from .model import load_model
     from .model.default import DEFAULT_MODEL_DIR
-    from .model.layers import cpu_gemm, cpu_vendor
+    from .model.layers import cpu_gemm, cpu_vendor, onednn_available
     from .runtime import Runtime, RuntimeConfig
     from .tokenizer import ChatTokenizer
 
@@ -246,7 +246,9 @@ def build_runtime(args: argparse.Namespace):
     cfg = model.config
     say(f"      {params / 1e6:.1f}M parameters, {cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}, "
         f"kv_lora_rank {cfg.kv_lora_rank}, context {cfg.max_position_embeddings}, {args.dtype} on {args.device}")
-    if args.device == "cpu":
+    if args.device == "cpu" and args.batch_invariant and onednn_available():
+        say("      fp32 products on onednn (--batch-invariant: its rows do not depend on the row count)")
+    elif args.device == "cpu":
         say(f"      fp32 products on {cpu_gemm()} (--cpu-gemm {args.cpu_gemm}; CPU vendor {cpu_vendor() or 'unknown'})")
     with stage("[2/3] loading tokenizer"):
         folder = args.model or DEFAULT_MODEL_DIR

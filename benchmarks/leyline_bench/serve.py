@@ -50,6 +50,8 @@ def add_parser(sub) -> None:
                    help="without --base-url: start the server with --batch-invariant")
     p.add_argument("--cpu-gemm", choices=list(CPU_GEMMS), default="auto",
                    help="without --base-url: the server's --cpu-gemm (default: %(default)s)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                   help="without --base-url: the server's --dtype (default: %(default)s)")
     p.set_defaults(run=run, quick_overrides={"concurrency": [1, 2], "loops": 1, "max_tokens": 2,
                                              "stream_requests": 1, "stream_max_tokens": 4})
 
@@ -60,10 +62,11 @@ def _server(args):
     if args.server == "thread":
         set_cpu_gemm(args.cpu_gemm)
         return serve_in_thread(RuntimeConfig(model_path=args.model, api_keys=[args.api_key] if args.api_key else [],
-                                             batch_invariant=args.batch_invariant))
+                                             batch_invariant=args.batch_invariant, dtype=args.dtype))
     cli = [*(["--model", args.model] if args.model else []), *(["--api-key", args.api_key] if args.api_key else []),
            *(["--threads", str(args.threads)] if args.threads else []),
-           *(["--batch-invariant"] if args.batch_invariant else []), "--cpu-gemm", args.cpu_gemm]
+           *(["--batch-invariant"] if args.batch_invariant else []), "--cpu-gemm", args.cpu_gemm,
+           "--dtype", args.dtype]
     return serve_in_subprocess(cli)
 
 
@@ -145,7 +148,8 @@ def run(args, log=print) -> dict:
               "settings": {"concurrency": args.concurrency, "loops": args.loops, "max_seconds": args.max_seconds,
                            "max_tokens": args.max_tokens, "stream_requests": args.stream_requests,
                            "stream_max_tokens": args.stream_max_tokens, "batch_invariant": args.batch_invariant,
-                           "cpu_gemm": None if args.base_url else args.cpu_gemm},
+                           "cpu_gemm": None if args.base_url else args.cpu_gemm,
+                           "dtype": None if args.base_url else args.dtype},
               "levels": levels, "errors": errors, "failed": errors > 0,
               "notes": ["Decode phase: streamed, session-bound chat turns; tokens/s = completion tokens of all "
                         "sessions / wall time from their common start; TTFT = time to the first SSE event.",

@@ -80,10 +80,12 @@ def cpu_gemm() -> str:
     return auto_cpu_gemm() if _cpu_gemm == "auto" else _cpu_gemm
 
 
-#: Rows a product is padded to in batch-invariant mode. torch 2.13's CPU BLAS computes a row of
-#: ``x @ W.T`` with another kernel when the product has fewer than 16 rows (its outputs move in the
-#: last bits); from 16 rows on, a row's result does not depend on the row count (docs/design.md).
-#: oneDNN's fp32 products do so from 2 rows on (checked up to 8192 rows, 1 and 2 threads).
+#: Rows a product is padded to in batch-invariant mode, whose fp32 products run on oneDNN whatever
+#: :func:`cpu_gemm` says: a row of oneDNN's ``x @ W.T`` does not depend on the row count from 2 rows on
+#: (checked up to 8192 rows at 1 and 2 threads on an AMD EPYC and up to 4200 on an Intel Xeon, in
+#: fp32 and bf16), while MKL's does on an Intel Xeon at 2 threads (the 1024-wide inner dimension of
+#: ``down_proj`` from 57 rows on: its threads split the sum) and moves below 16 rows elsewhere
+#: (docs/design.md, "Alone or batched"). 16 leaves room for a build that moves below it.
 INVARIANT_ROWS = 16
 
 
@@ -131,6 +133,7 @@ class Linear(nn.Linear):
     """
 
     _fp32: tuple[tuple[int, int], torch.Tensor] | None = None
+    _packed: tuple[tuple[int, int], torch.Tensor] | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = invariant_rows()
@@ -140,18 +143,30 @@ class Linear(nn.Linear):
 
     def _product(self, x: torch.Tensor) -> torch.Tensor:
         if (x.device.type != "cpu" or not x.numel() or x.dtype not in (torch.float32, torch.bfloat16)
-                or (x.dtype == torch.bfloat16 and cpu_has_bf16_matmul())
                 or (torch.is_grad_enabled() and (self.weight.requires_grad or x.requires_grad))):  # autograd's
             return super().forward(x)
         if x.dtype == torch.float32:
             return self._fp32_product(x, self.weight, self.bias)
+        if cpu_has_bf16_matmul():
+            return self._bf16_product(x) if onednn_available() else super().forward(x)
         bias = None if self.bias is None else self.bias.float()
         return self._fp32_product(x.float(), self._fp32_weight(), bias).to(x.dtype)
 
+    def _bf16_product(self, x: torch.Tensor) -> torch.Tensor:
+        """A bf16 product on a CPU with bf16 instructions: oneDNN with the weight packed once into its
+        blocked layout. ``F.linear`` repacks it on every call, which took half the time of a 1-16-row
+        product on a Xeon with AMX; the results are the same bit for bit (tested)."""
+        w = self.weight
+        key = (w.data_ptr(), w._version)
+        if self._packed is None or self._packed[0] != key:
+            # the row count is a layout hint only: every row count gives F.linear's result
+            self._packed = (key, torch.ops.mkldnn._reorder_linear_weight(w.detach().contiguous(), INVARIANT_ROWS))
+        flat = x.reshape(-1, x.shape[-1])
+        out = torch.ops.mkldnn._linear_pointwise(flat, self._packed[1], self.bias, "none", [], "")
+        return out.reshape(*x.shape[:-1], self.out_features)
+
     def _fp32_product(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        if cpu_gemm() == "onednn":
-            return onednn_linear(x, weight, bias)
-        return F.linear(x, weight, bias)
+        return fp32_linear(x, weight, bias)
 
     def _fp32_weight(self) -> torch.Tensor:
         w = self.weight
@@ -159,6 +174,14 @@ class Linear(nn.Linear):
         if self._fp32 is None or self._fp32[0] != key:
             self._fp32 = (key, w.detach().float())
         return self._fp32[1]
+
+
+def fp32_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """An fp32 inference product on :func:`cpu_gemm`'s library, or on oneDNN in batch-invariant mode
+    (see :data:`INVARIANT_ROWS`; BLAS where torch has no oneDNN)."""
+    if cpu_gemm() == "onednn" or (invariant_rows() and onednn_available()):
+        return onednn_linear(x, weight, bias)
+    return F.linear(x, weight, bias)
 
 
 def onednn_rows(rows: int) -> int:
@@ -223,7 +246,12 @@ class Router(nn.Module):
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         cfg = self.cfg
-        logits = F.linear(padded_rows(x.float(), invariant_rows()), self.weight.float())[: x.shape[0]]
+        rows, w = x.shape[0], self.weight.float()
+        x = padded_rows(x.float(), invariant_rows())
+        if torch.is_grad_enabled() and (w.requires_grad or x.requires_grad):  # training: autograd's
+            logits = F.linear(x, w)[:rows]
+        else:
+            logits = fp32_linear(x, w)[:rows]
         if cfg.scoring_func == "sigmoid":
             scores = logits.sigmoid()
             choice = scores + self.e_score_correction_bias.float()
