@@ -52,8 +52,9 @@ def auto_cpu_gemm() -> str:
 
 
 def onednn_available() -> bool:
-    """torch was built with oneDNN and has the fused linear operator used here (torch 2.13 has)."""
-    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+    """torch was built with oneDNN and has the linear operators used here (torch 2.13 has)."""
+    return (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
 
 
 # A process setting, like torch's thread count: models and engines in one process share it.
