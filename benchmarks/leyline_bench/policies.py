@@ -43,6 +43,9 @@ from .edit_sessions import EditSession
 
 TENANT = "__policies__"
 EVERY = re.compile(r"forget-every-(\d+)$")
+#: a next-turn position is *decisive* when R's top-1 probability leads its second by at least this
+#: much; on the 18-layer stack 77% of auto's top-1 disagreements were at the 7% of positions below it
+DECISIVE = 0.02
 
 
 def check_policies(names: list[str]) -> list[str]:
@@ -65,6 +68,7 @@ class Arm:
     attention: list[float] = field(default_factory=list)
     next_jsd: list[float] = field(default_factory=list)
     next_top1: list[bool] = field(default_factory=list)
+    next_decisive: list[bool] = field(default_factory=list)  # R's top-1 leads its second by >= DECISIVE
     probe_jsd: list[float] = field(default_factory=list)  # the assistant-header position of each turn
     probe_top1: list[bool] = field(default_factory=list)
     suffix_jsd: list[float] = field(default_factory=list)
@@ -188,7 +192,10 @@ def run_session(rt: Runtime, session: EditSession, policies: list[str], whole_su
             # positions before the earliest edit so far never changed, in any session
             first_edit = ref.first_change if first_edit is None else min(first_edit, ref.first_change)
             logits = {p: append_scored(rt, a.session_id, step.next_turn) for p, a in arms.items()}
+            top2 = torch.softmax(logits["forget"].double(), -1).topk(2, dim=-1).values
+            decisive = (top2[:, 0] - top2[:, 1] >= DECISIVE).tolist()
             for p, arm in arms.items():
+                arm.next_decisive += decisive
                 j = jsd_rows(logits["forget"], logits[p])
                 arm.next_jsd += j.tolist()
                 top1 = (logits["forget"].argmax(-1) == logits[p].argmax(-1)).tolist()
@@ -230,7 +237,8 @@ def _check_reference(rt: Runtime, ref: Arm, first_edit: int, whole_suffix: bool)
 
 def _arm_record(a: Arm) -> dict:
     return {"policy": a.policy, "recomputed": a.recomputed, "signal_tokens": a.signal_tokens,
-            "choices": dict(a.choices), "signals": a.signals, "attention": a.attention, "next_jsd": a.next_jsd, "next_top1": a.next_top1,
+            "choices": dict(a.choices), "signals": a.signals, "attention": a.attention, "next_jsd": a.next_jsd,
+            "next_top1": a.next_top1, "next_decisive": a.next_decisive,
             "probe_jsd": a.probe_jsd, "probe_top1": a.probe_top1, "suffix_jsd": a.suffix_jsd, "suffix_top1": a.suffix_top1}
 
 

@@ -22,7 +22,7 @@ from . import plots, stress_models
 from .edit_sessions import EditSession, Step, build_session
 from .machine import runtime_info
 from .output import fmt, md_table, write_results
-from .policies import auto_config, check_policies, run_session
+from .policies import DECISIVE, auto_config, check_policies, run_session
 from .stats import median, percentile, ratio
 
 NAME = "fidelity_policies"
@@ -162,6 +162,8 @@ def summarise(records: list[dict], policies: list[str], num_layers: int) -> dict
             "share": ratio(recomputed, forget), "share_with_signal": ratio(recomputed + signal, forget),
             "next_jsd_median": median(cat("next_jsd")), "next_jsd_p90": percentile(cat("next_jsd"), 90),
             "next_jsd_max": max(cat("next_jsd"), default=None), "next_top1": _mean(cat("next_top1")),
+            "next_top1_decisive": _mean([t for t, d in zip(cat("next_top1"), cat("next_decisive")) if d]),
+            "next_decisive_share": _mean(cat("next_decisive")),
             "next_positions": len(cat("next_jsd")),
             "probe_jsd_median": median(cat("probe_jsd")), "probe_jsd_p90": percentile(cat("probe_jsd"), 90),
             "probe_top1": _mean(cat("probe_top1")), "probes": len(cat("probe_jsd")),
@@ -191,6 +193,7 @@ def targets(results: dict) -> dict:
         row = {"layers": r.get("model", {}).get("layers"), "share": a["share_with_signal"],
                "probe_jsd_p90": a["probe_jsd_p90"], "probe_top1": a["probe_top1"],
                "next_jsd_p90": a["next_jsd_p90"], "next_top1": a["next_top1"],
+               "next_top1_decisive": a["next_top1_decisive"],
                "met_probe": cheap and a["probe_jsd_p90"] <= TARGET["next_jsd_p90"] and a["probe_top1"] >= TARGET["next_top1"],
                "met_turn": cheap and a["next_jsd_p90"] <= TARGET["next_jsd_p90"] and a["next_top1"] >= TARGET["next_top1"]}
         for p, b in s.items():
@@ -224,7 +227,7 @@ def equal_cost(summary: dict, share: float) -> dict:
 
 
 HEADERS = ["policy", "recompute share", "+ signal", "next JSD median", "next JSD p90", "next top-1",
-           "probe JSD p90", "probe top-1", "suffix JSD median", "suffix JSD p90", "suffix top-1", "auto choices"]
+           "next top-1 (decisive)", "probe JSD p90", "probe top-1", "suffix JSD median", "suffix JSD p90", "suffix top-1", "auto choices"]
 
 
 def _rows(summary: dict) -> list[list]:
@@ -234,7 +237,7 @@ def _rows(summary: dict) -> list[list]:
             continue
         choices = ", ".join(f"{k} {v}" for k, v in sorted(a["choices"].items())) or None
         rows.append([p, a["share"], a["share_with_signal"], a["next_jsd_median"], a["next_jsd_p90"], a["next_top1"],
-                     a["probe_jsd_p90"], a["probe_top1"], a["suffix_jsd_median"], a["suffix_jsd_p90"],
+                     a["next_top1_decisive"], a["probe_jsd_p90"], a["probe_top1"], a["suffix_jsd_median"], a["suffix_jsd_p90"],
                      a["suffix_top1"], choices])
     return rows
 
@@ -243,13 +246,16 @@ def _markdown(results: dict, verdict: dict) -> str:
     text = ("Per model: recomputed rows as a share of forget's (+ signal: auto's layer-0 signal as token "
             "equivalents), next-turn JSD(R‖·) over every position of the turn appended after each edit "
             "(single-edit cases: the assistant-header probe only), whole-suffix JSD over every position from "
-            "the first edit on after the last edit.\n\n## Targets (multi-edit sessions, auto)\n\n")
+            "the first edit on after the last edit. *next top-1 (decisive)*: top-1 agreement at the next-turn "
+            f"positions where R's top-1 probability leads its second by at least {DECISIVE} (the target counts "
+            "every position; near-ties flip under the smallest drift).\n\n## Targets (multi-edit sessions, auto)\n\n")
     cols = sorted({k for row in verdict.values() for k in row if k.startswith("dominates")},
                   key=lambda c: int(c.rsplit("-", 1)[1]))
     text += md_table(["model", "layers", "share (≤ 0.2)", "probe JSD p90", "probe top-1", "met (probes)",
-                      "turn JSD p90", "turn top-1", "met (turn positions)"],
+                      "turn JSD p90", "turn top-1", "met (turn positions)", "turn top-1 (decisive; not a target)"],
                      [[m, v["layers"], v["share"], v["probe_jsd_p90"], v["probe_top1"], v["met_probe"],
-                       v["next_jsd_p90"], v["next_top1"], v["met_turn"]] for m, v in verdict.items()])
+                       v["next_jsd_p90"], v["next_top1"], v["met_turn"], v["next_top1_decisive"]]
+                      for m, v in verdict.items()])
     text += ("\n\nAgainst forget-every-N at auto's cost: the family (amortize, every forget-every-N run, forget) "
              "interpolated at auto's share between the two members that bracket it (JSD log-log, top-1 in log "
              "cost); *dominates forget-every-N*: auto is no dearer and drifts no more (probe and turn p90).\n\n")
