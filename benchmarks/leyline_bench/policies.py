@@ -68,7 +68,6 @@ class Arm:
     attention: list[float] = field(default_factory=list)
     next_jsd: list[float] = field(default_factory=list)
     next_top1: list[bool] = field(default_factory=list)
-    next_decisive: list[bool] = field(default_factory=list)  # R's top-1 leads its second by >= DECISIVE
     probe_jsd: list[float] = field(default_factory=list)  # the assistant-header position of each turn
     probe_top1: list[bool] = field(default_factory=list)
     suffix_jsd: list[float] = field(default_factory=list)
@@ -185,6 +184,7 @@ def run_session(rt: Runtime, session: EditSession, policies: list[str], whole_su
             for p in policies}
     ref = arms["forget"]
     first_edit = None
+    decisive: list[bool] = []  # per next-turn position: R's top-1 leads its second by >= DECISIVE
     try:
         for k, step in enumerate(session.steps):
             for arm in arms.values():
@@ -193,9 +193,8 @@ def run_session(rt: Runtime, session: EditSession, policies: list[str], whole_su
             first_edit = ref.first_change if first_edit is None else min(first_edit, ref.first_change)
             logits = {p: append_scored(rt, a.session_id, step.next_turn) for p, a in arms.items()}
             top2 = torch.softmax(logits["forget"].double(), -1).topk(2, dim=-1).values
-            decisive = (top2[:, 0] - top2[:, 1] >= DECISIVE).tolist()
+            decisive += (top2[:, 0] - top2[:, 1] >= DECISIVE).tolist()
             for p, arm in arms.items():
-                arm.next_decisive += decisive
                 j = jsd_rows(logits["forget"], logits[p])
                 arm.next_jsd += j.tolist()
                 top1 = (logits["forget"].argmax(-1) == logits[p].argmax(-1)).tolist()
@@ -215,7 +214,7 @@ def run_session(rt: Runtime, session: EditSession, policies: list[str], whole_su
             if rt.has_session(arm.session_id, TENANT):
                 rt.delete_session(arm.session_id, TENANT)
     return {"name": session.name, "edits": len(session.steps), "kinds": dict(Counter(s.kind for s in session.steps)),
-            "final_tokens": tokens, "first_edit": first_edit, "forget_vs_fresh": check,
+            "final_tokens": tokens, "first_edit": first_edit, "forget_vs_fresh": check, "next_decisive": decisive,
             "arms": {p: _arm_record(a) for p, a in arms.items()}}
 
 
@@ -238,7 +237,7 @@ def _check_reference(rt: Runtime, ref: Arm, first_edit: int, whole_suffix: bool)
 def _arm_record(a: Arm) -> dict:
     return {"policy": a.policy, "recomputed": a.recomputed, "signal_tokens": a.signal_tokens,
             "choices": dict(a.choices), "signals": a.signals, "attention": a.attention, "next_jsd": a.next_jsd,
-            "next_top1": a.next_top1, "next_decisive": a.next_decisive,
+            "next_top1": a.next_top1,
             "probe_jsd": a.probe_jsd, "probe_top1": a.probe_top1, "suffix_jsd": a.suffix_jsd, "suffix_top1": a.suffix_top1}
 
 
