@@ -247,7 +247,7 @@ def build_runtime(args: argparse.Namespace):
     say(f"      {params / 1e6:.1f}M parameters, {cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}, "
         f"kv_lora_rank {cfg.kv_lora_rank}, context {cfg.max_position_embeddings}, {args.dtype} on {args.device}")
     if args.device == "cpu" and args.batch_invariant and onednn_available():
-        say("      fp32 products on onednn (--batch-invariant: its rows do not depend on the row count)")
+        say("      linear layers' products on onednn in fp32 (--batch-invariant: its rows do not depend on the row count)")
     elif args.device == "cpu":
         say(f"      fp32 products on {cpu_gemm()} (--cpu-gemm {args.cpu_gemm}; CPU vendor {cpu_vendor() or 'unknown'})")
     with stage("[2/3] loading tokenizer"):

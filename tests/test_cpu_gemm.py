@@ -119,3 +119,40 @@ def test_bf16_products_on_a_packed_weight_equal_f_linear(bias):
             assert torch.equal(layer(x), torch.nn.functional.linear(x, layer.weight, layer.bias))
             assert layer._packed is not None  # the packed route ran
             layer.weight.mul_(-0.5)  # an update in place: the next call must see it
+
+
+def test_bf16_rows_in_batch_invariant_mode_do_not_depend_on_the_row_count():
+    """Batch-invariant mode runs bf16 products as fp32 ones on oneDNN: with AMX, oneDNN's native bf16
+    rows of down_proj's shape move at 56-128 rows for about half of random inputs."""
+    for seed in range(6):
+        gen = torch.Generator().manual_seed(seed)
+        layer = Linear(1024, 384, bias=False).to(torch.bfloat16)
+        x = torch.randn(300, 1024, generator=gen).to(torch.bfloat16)
+        with torch.no_grad(), layers.invariant_products():
+            first = layer(x[:layers.INVARIANT_ROWS])
+            for rows in (17, 56, 57, 64, 128, 300):
+                assert torch.equal(layer(x[:rows])[:layers.INVARIANT_ROWS], first), (seed, rows)
+
+
+def test_cached_weight_copies_follow_a_replaced_weight_and_a_move():
+    """The fp32 / packed copies are keyed to the weight object, not only its address (a replaced
+    weight's memory may be reused), and dropped by .to()."""
+    gen = torch.Generator().manual_seed(5)
+    layer = Linear(64, 32, bias=False).to(torch.bfloat16)
+    x = torch.randn(4, 64, generator=gen).to(torch.bfloat16)
+
+    def weight():
+        return torch.nn.Parameter(torch.randn(32, 64, generator=gen).to(torch.bfloat16), requires_grad=False)
+
+    with torch.no_grad():
+        for _ in range(6):
+            layer.weight = weight()
+            layer(x)  # cached for this weight
+            layer.weight = weight()
+            layer.weight = weight()  # may reuse the memory of the first, freed by the second (version 0 too)
+            expected = (x.double() @ layer.weight.double().T)
+            assert (layer(x).double() - expected).abs().max().item() <= 0.05 * expected.abs().max().item()
+        assert layer._fp32 is not None or layer._packed is not None
+        layer.to(torch.float32)
+        assert layer._fp32 is None and layer._packed is None
+        assert torch.equal(layer(x.float()), torch.nn.functional.linear(x.float(), layer.weight))

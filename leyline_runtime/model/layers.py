@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -81,13 +82,15 @@ def cpu_gemm() -> str:
     return auto_cpu_gemm() if _cpu_gemm == "auto" else _cpu_gemm
 
 
-#: Rows a product is padded to in batch-invariant mode, whose fp32 products run on oneDNN whatever
-#: :func:`cpu_gemm` says: a row of oneDNN's ``x @ W.T`` does not depend on the row count from 2 rows on
-#: (checked up to 8192 rows at 1 and 2 threads on an AMD EPYC and up to 4200 on an Intel Xeon, in
-#: fp32 and bf16), while MKL's does on an Intel Xeon at 2 threads (the 1024-wide inner dimension of
-#: ``down_proj`` from 57 rows on: its threads split the sum) and moves below 16 rows elsewhere
+#: Rows a product is padded to in batch-invariant mode, whose products run as fp32 products on oneDNN
+#: whatever :func:`cpu_gemm` says (bf16 ones too, upcast): a row of oneDNN's fp32 ``x @ W.T`` does
+#: not depend on the row count from 2 rows on (checked up to 8192 rows at 1 and 2 threads on an AMD
+#: EPYC, up to 4200 on an Intel Xeon, and over 20 random inputs of ``down_proj``'s shape there).
+#: MKL's fp32 rows do on that Xeon at 2 threads (``down_proj``'s 1024-wide inner dimension from 57
+#: rows on: its threads split the sum) and move below 16 rows elsewhere, and so do oneDNN's native
+#: bf16 rows with AMX (``down_proj``'s shape at 56-128 rows, for 11 of 20 random inputs)
 #: (docs/design.md, "Alone or batched"). Not 2: with 2 the batch-invariant tests fail on that Xeon
-#: (something else in the step moves between 2 and 16 rows; not pinned down).
+#: (something else in the step, e.g. attention's batched matmuls on BLAS, moves between 2 and 16 rows).
 INVARIANT_ROWS = 16
 
 
@@ -120,22 +123,25 @@ def padded_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
 
 
 class Linear(nn.Linear):
-    """``nn.Linear``; fp32 CPU inference runs on the GEMM library of :func:`cpu_gemm`, and in bf16
-    on a CPU without bf16 instructions as an fp32 GEMM.
+    """``nn.Linear``; fp32 CPU inference runs on the GEMM library of :func:`cpu_gemm` (on oneDNN in
+    batch-invariant mode), and bf16 CPU inference on oneDNN with a packed weight or as an fp32 GEMM.
 
-    Without bf16 instructions oneDNN emulates bf16 GEMMs at a fraction of the fp32 speed. The
-    operands upcast exactly (bf16 is a subset of fp32) and the product
-    accumulates in fp32 as a bf16 GEMM does; the output rounds to bf16 as
-    usual, so only the order of the sums differs. Costs an fp32 copy of the
-    weight, made on first use and renewed whenever the weight changes.
+    Without bf16 instructions oneDNN emulates bf16 GEMMs at a fraction of the fp32 speed, so there
+    (and in batch-invariant mode, see :data:`INVARIANT_ROWS`) a bf16 product runs as an fp32 one:
+    the operands upcast exactly (bf16 is a subset of fp32) and the product accumulates in fp32 as a
+    bf16 GEMM does; the output rounds to bf16 as usual, so only the order of the sums differs. With
+    bf16 instructions the weight is kept packed in oneDNN's blocked layout (see
+    :meth:`_bf16_product`). Either copy costs the weight's size again, is made on first use and
+    renewed whenever the weight changes (replaced, or updated in place under ``torch.no_grad()``; a
+    write through ``weight.data`` is not seen) and dropped when the module moves (``.to()``).
 
     In batch-invariant mode (:func:`invariant_products`) a 2-D input with fewer
     rows is padded to :data:`INVARIANT_ROWS`, so every row's result is the same
     however many rows share the product.
     """
 
-    _fp32: tuple[tuple[int, int], torch.Tensor] | None = None
-    _packed: tuple[tuple[int, int], torch.Tensor] | None = None
+    _fp32: tuple[tuple, torch.Tensor] | None = None
+    _packed: tuple[tuple, torch.Tensor] | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = invariant_rows()
@@ -143,13 +149,17 @@ class Linear(nn.Linear):
             return self._product(padded_rows(x, rows))[: x.shape[0]]
         return self._product(x)
 
+    def _apply(self, fn, *args, **kwargs):
+        self._fp32 = self._packed = None  # copies of the weight as it was
+        return super()._apply(fn, *args, **kwargs)
+
     def _product(self, x: torch.Tensor) -> torch.Tensor:
         if (x.device.type != "cpu" or not x.numel() or x.dtype not in (torch.float32, torch.bfloat16)
                 or (torch.is_grad_enabled() and (self.weight.requires_grad or x.requires_grad))):  # autograd's
             return super().forward(x)
         if x.dtype == torch.float32:
             return self._fp32_product(x, self.weight, self.bias)
-        if cpu_has_bf16_matmul():
+        if cpu_has_bf16_matmul() and not invariant_rows():
             return self._bf16_product(x) if onednn_available() else super().forward(x)
         bias = None if self.bias is None else self.bias.float()
         return self._fp32_product(x.float(), self._fp32_weight(), bias).to(x.dtype)
@@ -158,11 +168,11 @@ class Linear(nn.Linear):
         """A bf16 product on a CPU with bf16 instructions: oneDNN with the weight packed once into its
         blocked layout. ``F.linear`` repacks it on every call, which took half the time of a 1-16-row
         product on a Xeon with AMX; the results are the same bit for bit (tested)."""
-        w = self.weight
-        key = (w.data_ptr(), w._version)
+        key = _weight_key(self.weight)
         if self._packed is None or self._packed[0] != key:
             # the row count (16, a decode step's) is a layout hint only: every row count gives F.linear's result
-            self._packed = (key, torch.ops.mkldnn._reorder_linear_weight(w.detach().contiguous(), 16))
+            packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach().contiguous(), 16)
+            self._packed = (key, packed)
         flat = x.reshape(-1, x.shape[-1])
         out = torch.ops.mkldnn._linear_pointwise(flat, self._packed[1], self.bias, "none", [], "")
         return out.reshape(*x.shape[:-1], self.out_features)
@@ -171,17 +181,22 @@ class Linear(nn.Linear):
         return fp32_linear(x, weight, bias)
 
     def _fp32_weight(self) -> torch.Tensor:
-        w = self.weight
-        key = (w.data_ptr(), w._version)
+        key = _weight_key(self.weight)
         if self._fp32 is None or self._fp32[0] != key:
-            self._fp32 = (key, w.detach().float())
+            self._fp32 = (key, self.weight.detach().float())
         return self._fp32[1]
+
+
+def _weight_key(w: torch.Tensor) -> tuple:
+    """What a cached copy of ``w`` is valid for: this tensor object (a weak reference, so a replaced
+    weight whose memory is reused does not match), its storage and its in-place version."""
+    return (weakref.ref(w), w.data_ptr(), w._version)
 
 
 def fp32_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """An fp32 inference product on :func:`cpu_gemm`'s library, or on oneDNN in batch-invariant mode
     (see :data:`INVARIANT_ROWS`; BLAS where torch has no oneDNN)."""
-    if cpu_gemm() == "onednn" or (invariant_rows() and onednn_available()):
+    if x.device.type == "cpu" and (cpu_gemm() == "onednn" or (invariant_rows() and onednn_available())):
         return onednn_linear(x, weight, bias)
     return F.linear(x, weight, bias)
 
