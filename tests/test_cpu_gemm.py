@@ -152,6 +152,11 @@ def test_cached_weight_copies_follow_a_replaced_weight_and_a_move():
             layer.weight = weight()  # may reuse the memory of the first, freed by the second (version 0 too)
             expected = (x.double() @ layer.weight.double().T)
             assert (layer(x).double() - expected).abs().max().item() <= 0.05 * expected.abs().max().item()
+        kept = layer.weight  # a replaced weight still alive elsewhere: compared by identity, not by value
+        layer.weight = weight()
+        expected = (x.double() @ layer.weight.double().T)
+        assert (layer(x).double() - expected).abs().max().item() <= 0.05 * expected.abs().max().item()
+        assert kept is not layer.weight
         assert layer._fp32 is not None or layer._packed is not None
         layer.to(torch.float32)
         assert layer._fp32 is None and layer._packed is None

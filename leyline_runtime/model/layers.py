@@ -7,6 +7,7 @@ import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -122,6 +123,24 @@ def padded_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
     return torch.cat((x, x.new_zeros(rows - x.shape[0], *x.shape[1:])))
 
 
+@dataclass(frozen=True, eq=False)
+class WeightKey:
+    """What a cached copy of a weight is valid for: that tensor object (a weak reference, so a replaced
+    weight whose memory is reused does not match), its storage and its in-place version."""
+
+    tensor: weakref.ref
+    data_ptr: int
+    version: int
+
+    @classmethod
+    def of(cls, w: torch.Tensor) -> "WeightKey":
+        return cls(weakref.ref(w), w.data_ptr(), w._version)
+
+    def matches(self, w: torch.Tensor) -> bool:
+        # identity, never ==: two live tensors compare elementwise
+        return self.tensor() is w and self.data_ptr == w.data_ptr() and self.version == w._version
+
+
 class Linear(nn.Linear):
     """``nn.Linear``; fp32 CPU inference runs on the GEMM library of :func:`cpu_gemm` (on oneDNN in
     batch-invariant mode), and bf16 CPU inference on oneDNN with a packed weight or as an fp32 GEMM.
@@ -140,8 +159,8 @@ class Linear(nn.Linear):
     however many rows share the product.
     """
 
-    _fp32: tuple[tuple, torch.Tensor] | None = None
-    _packed: tuple[tuple, torch.Tensor] | None = None
+    _fp32: tuple[WeightKey, torch.Tensor] | None = None
+    _packed: tuple[WeightKey, torch.Tensor] | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = invariant_rows()
@@ -168,11 +187,10 @@ class Linear(nn.Linear):
         """A bf16 product on a CPU with bf16 instructions: oneDNN with the weight packed once into its
         blocked layout. ``F.linear`` repacks it on every call, which took half the time of a 1-16-row
         product on a Xeon with AMX; the results are the same bit for bit (tested)."""
-        key = _weight_key(self.weight)
-        if self._packed is None or self._packed[0] != key:
+        if self._packed is None or not self._packed[0].matches(self.weight):
             # the row count (16, a decode step's) is a layout hint only: every row count gives F.linear's result
             packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach().contiguous(), 16)
-            self._packed = (key, packed)
+            self._packed = (WeightKey.of(self.weight), packed)
         flat = x.reshape(-1, x.shape[-1])
         out = torch.ops.mkldnn._linear_pointwise(flat, self._packed[1], self.bias, "none", [], "")
         return out.reshape(*x.shape[:-1], self.out_features)
@@ -181,16 +199,9 @@ class Linear(nn.Linear):
         return fp32_linear(x, weight, bias)
 
     def _fp32_weight(self) -> torch.Tensor:
-        key = _weight_key(self.weight)
-        if self._fp32 is None or self._fp32[0] != key:
-            self._fp32 = (key, self.weight.detach().float())
+        if self._fp32 is None or not self._fp32[0].matches(self.weight):
+            self._fp32 = (WeightKey.of(self.weight), self.weight.detach().float())
         return self._fp32[1]
-
-
-def _weight_key(w: torch.Tensor) -> tuple:
-    """What a cached copy of ``w`` is valid for: this tensor object (a weak reference, so a replaced
-    weight whose memory is reused does not match), its storage and its in-place version."""
-    return (weakref.ref(w), w.data_ptr(), w._version)
 
 
 def fp32_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
