@@ -278,9 +278,15 @@ def test_batch_invariant_long_prefill_beside_decoding_sessions_equals_alone(rt_i
         return run(chunks)
 
     monkeypatch.setattr(rt.engine.runner, "run", observe)
-    results = {}
-    threads = [threading.Thread(target=lambda sid=sid: results.update({sid: rt.generate(sid, busy)}))
-               for sid in busy_ids]
+    results: dict[str, object] = {}
+
+    def generate(sid: str) -> None:
+        try:
+            results[sid] = rt.generate(sid, busy)
+        except Exception as exc:  # noqa: BLE001 - reported below, not lost in the thread
+            results[sid] = exc
+
+    threads = [threading.Thread(target=generate, args=(sid,)) for sid in busy_ids]
     for t in threads:
         t.start()
     while not any(d >= 8 for d, _ in steps):
@@ -292,6 +298,7 @@ def test_batch_invariant_long_prefill_beside_decoding_sessions_equals_alone(rt_i
     assert any(d >= 4 and n >= 256 for d, n in steps), steps  # the long prefill ran beside decode steps
     assert alone.message == beside.message
     assert torch.equal(logprob_table(alone), logprob_table(beside))
+    assert not [r for r in results.values() if isinstance(r, Exception)], results
     for x, sid in zip(solo, busy_ids):
         assert torch.equal(logprob_table(x), logprob_table(results[sid]))
     for sid in [alone_id, beside_id, *solo_ids, *busy_ids]:
