@@ -73,7 +73,8 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                    help="torch CPU threads (default: torch's choice)")
     p.add_argument("--cpu-gemm", choices=list(CPU_GEMM_CHOICES), default="auto",
                    help="library for fp32 matrix products on the CPU: blas (torch's MKL), onednn, or auto: "
-                        "oneDNN except on Intel CPUs, where MKL takes its fast kernels (default: %(default)s)")
+                        "oneDNN except on Intel CPUs, where MKL takes its fast kernels; --batch-invariant always "
+                        "uses oneDNN (default: %(default)s)")
     sched = p.add_argument_group("scheduling (see docs/operations.md)")
     sched.add_argument("--max-num-seqs", type=_positive, metavar="N", default=defaults.max_num_seqs,
                        help="generations decoding together in one step; more take turns (default: %(default)s)")
@@ -227,7 +228,7 @@ def build_runtime(args: argparse.Namespace):
     from .auto_mode import AutoConfig
     from .model import load_model
     from .model.default import DEFAULT_MODEL_DIR
-    from .model.layers import cpu_gemm, cpu_vendor, onednn_available
+    from .model.layers import cpu_vendor, linear_library
     from .runtime import Runtime, RuntimeConfig
     from .tokenizer import ChatTokenizer
 
@@ -246,10 +247,12 @@ def build_runtime(args: argparse.Namespace):
     cfg = model.config
     say(f"      {params / 1e6:.1f}M parameters, {cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}, "
         f"kv_lora_rank {cfg.kv_lora_rank}, context {cfg.max_position_embeddings}, {args.dtype} on {args.device}")
-    if args.device == "cpu" and args.batch_invariant and onednn_available():
-        say("      linear layers' products on onednn in fp32 (--batch-invariant: its rows do not depend on the row count)")
-    elif args.device == "cpu":
-        say(f"      fp32 products on {cpu_gemm()} (--cpu-gemm {args.cpu_gemm}; CPU vendor {cpu_vendor() or 'unknown'})")
+    if args.device == "cpu":
+        library = linear_library(args.batch_invariant)
+        why = ("--batch-invariant: its rows do not depend on the row count; bf16 ones upcast"
+               if args.batch_invariant and library == "onednn"
+               else f"--cpu-gemm {args.cpu_gemm}; CPU vendor {cpu_vendor() or 'unknown'}")
+        say(f"      fp32 products on {library} ({why})")
     with stage("[2/3] loading tokenizer"):
         folder = args.model or DEFAULT_MODEL_DIR
         tokenizer = ChatTokenizer.from_file(os.path.join(folder, "tokenizer.json"))

@@ -87,6 +87,13 @@ def test_greedy_generation_agrees_across_libraries():
     assert fp32_diff(*lp) <= 1e-4
 
 
+def test_batch_invariant_mode_takes_onednn_where_torch_has_it(monkeypatch):
+    with cpu_gemm("blas"):
+        assert layers.linear_library(False) == "blas" and layers.linear_library(True) == "onednn"
+        monkeypatch.setattr(layers, "onednn_available", lambda: False)  # a torch built without oneDNN
+        assert layers.linear_library(True) == "blas"
+
+
 def test_unknown_library_is_refused(monkeypatch):
     with pytest.raises(ValueError, match="cpu_gemm"):
         layers.set_cpu_gemm("openblas")

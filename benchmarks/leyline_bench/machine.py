@@ -75,7 +75,7 @@ def provenance() -> dict:
 def runtime_info(runtime) -> dict:
     """The served model and the runtime settings that shape the numbers."""
     from leyline_runtime.model.default import DEFAULT_MODEL_DIR
-    from leyline_runtime.model.layers import cpu_gemm
+    from leyline_runtime.model.layers import linear_library
 
     cfg, rc = runtime.model.config, runtime.config
     default = rc.model_path is None
@@ -87,5 +87,5 @@ def runtime_info(runtime) -> dict:
         "max_position_embeddings": cfg.max_position_embeddings,
         "dtype": rc.dtype, "block_size": rc.block_size, "prefill_chunk": rc.prefill_chunk,
         "max_cache_tokens": rc.max_cache_tokens,
-        "cpu_gemm": cpu_gemm() if rc.device == "cpu" else None,
+        "cpu_gemm": linear_library(rc.batch_invariant) if rc.device == "cpu" else None,
     }

@@ -46,13 +46,14 @@ def auto_cpu_gemm() -> str:
     MKL takes its fast kernels on Intel CPUs only: on a 2-core AMD EPYC with AVX-512 its sgemm ran
     1.8-2.4x slower than oneDNN's for 16-4096 rows of this model's products (same results to
     rounding; docs/design.md, "GEMM library"). oneDNN compiles its kernels for the CPU it finds. On
-    Intel CPUs MKL stays, as measured before (prefill at parity with transformers).
+    Intel CPUs MKL stays: on a 2-core Xeon with AMX oneDNN took 1.09-1.34x MKL's time at 1-4096 rows.
     """
     if not onednn_available():
         return "blas"
     return "blas" if cpu_vendor() == "GenuineIntel" else "onednn"
 
 
+@functools.cache  # asked on every product in batch-invariant mode; the build does not change
 def onednn_available() -> bool:
     """torch was built with oneDNN and has the linear operators used here (torch 2.13 has)."""
     return (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
@@ -81,6 +82,12 @@ def cpu_gemm_setting() -> str:
 def cpu_gemm() -> str:
     """The library fp32 CPU inference products run on now: "blas" or "onednn"."""
     return auto_cpu_gemm() if _cpu_gemm == "auto" else _cpu_gemm
+
+
+def linear_library(invariant: bool) -> str:
+    """The library a :class:`Linear`'s fp32 CPU product runs on: :func:`cpu_gemm`'s, or oneDNN in
+    batch-invariant mode (see :data:`INVARIANT_ROWS`; BLAS where torch has no oneDNN)."""
+    return "onednn" if invariant and onednn_available() else cpu_gemm()
 
 
 #: Rows a product is padded to in batch-invariant mode, whose products run as fp32 products on oneDNN
@@ -205,9 +212,8 @@ class Linear(nn.Linear):
 
 
 def fp32_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """An fp32 inference product on :func:`cpu_gemm`'s library, or on oneDNN in batch-invariant mode
-    (see :data:`INVARIANT_ROWS`; BLAS where torch has no oneDNN)."""
-    if x.device.type == "cpu" and (cpu_gemm() == "onednn" or (invariant_rows() and onednn_available())):
+    """An fp32 inference product on :func:`linear_library`'s library (oneDNN's operator is CPU-only)."""
+    if x.device.type == "cpu" and linear_library(bool(invariant_rows())) == "onednn":
         return onednn_linear(x, weight, bias)
     return F.linear(x, weight, bias)
 
