@@ -10,6 +10,7 @@ import torch
 from leyline_sdk.protocol import SamplingParams
 
 from .sampling import LogitsProcessor, SamplerState, sample_token
+from .tokenizer import IncrementalText
 
 
 @dataclass
@@ -38,6 +39,7 @@ class GenerationState:
     decode_text: Callable[[list[int]], str] | None = None
     tokens: list[int] = field(default_factory=list)
     logprobs: list[tuple[float, list[tuple[int, float]]]] = field(default_factory=list)
+    text: IncrementalText | None = None  # the tokens' text, kept only for stop strings
 
     @classmethod
     def create(cls, params: SamplingParams, stop_ids: set[int], num_cached: int, max_positions: int,
@@ -59,8 +61,10 @@ class GenerationState:
         self.tokens.append(tok)
         stops = params.stop_strings()
         if stops and self.decode_text is not None:
-            text = self.decode_text(self.tokens)
-            hit = next((s for s in stops if s in text), None)
+            if self.text is None:
+                self.text = IncrementalText(self.decode_text)
+            self.text.push(tok)
+            hit = next((s for s in stops if s in self.text.text), None)
             if hit is not None:
                 return tok, Generation(self.tokens, "stop", stop_string=hit, logprobs=self.logprobs)
         if len(self.tokens) >= params.max_tokens or self.num_cached + len(self.tokens) >= self.max_positions:

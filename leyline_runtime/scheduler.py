@@ -44,9 +44,6 @@ class Scheduler:
         if seq in queue:
             queue.remove(seq)
 
-    def cancelled(self) -> list[Sequence]:
-        return [s for s in (*self.prefilling, *self.decoding) if s.cancelled]
-
     def schedule(self) -> list[Chunk]:
         chunks: list[Chunk] = []
         decoders = [s for s in self.decoding if s.num_pending][: self.max_num_seqs]

@@ -2,12 +2,13 @@
 
 Either a run of known tokens to compute into a block table (a prefill, which
 may return logits), or a generation, which computes each token it samples.
-The thread that submitted it waits on ``events``.
+The thread that submitted it waits on ``done``.
 """
 
 from __future__ import annotations
 
 import queue
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum, auto
 
@@ -23,10 +24,6 @@ class Status(Enum):
     FINISHED = auto()
 
 
-class SequenceCancelled(Exception):
-    """The sequence was cancelled by the thread waiting for it."""
-
-
 @dataclass(eq=False)
 class Sequence:
     table: BlockTable
@@ -38,10 +35,10 @@ class Sequence:
     after: Sequence | None = None  # an earlier run on the same table: never computed ahead of it
     status: Status = Status.WAITING
     num_computed: int = 0
-    cancelled: bool = False
     outputs: list[torch.Tensor] = field(default_factory=list)
-    # to the submitting thread: ("token", id) | ("done", result) | ("error", exception)
-    events: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
+    on_token: Callable[[int], None] | None = None  # a generation's hook: called on the engine thread
+    # to the submitting thread, once: ("done", result) | ("error", exception)
+    done: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
 
     @property
     def num_pending(self) -> int:

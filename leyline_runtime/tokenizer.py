@@ -10,6 +10,7 @@ the fixed tool-syntax line of the tools prompt (:func:`_template_pieces`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from tokenizers import Tokenizer
@@ -92,3 +93,38 @@ def _template_pieces(message: Message) -> list[tuple[str, bool]]:
     for call in message.tool_calls or []:
         pieces += [(tpl.TOOL_CALL, True), (tpl.tool_call_payload(call), False), (tpl.END_TOOL_CALL, True)]
     return [(text, special) for text, special in pieces if text or special]
+
+
+REPLACEMENT_CHAR = "\ufffd"  # what decoding puts for bytes that are not (yet) a whole character
+
+
+class IncrementalText:
+    """The text of a growing list of generated tokens, up to its last whole character.
+
+    Each token decodes a short window, not the whole list: decoding everything again per token
+    cost 0.7 ms at 8,000 tokens, and a generation's text is read after every token on the engine
+    thread. The window holds the tokens since the last point where the text was whole; the new
+    text is what decoding the window adds to decoding it without the newest tokens, so whatever a
+    decoder does at the start of a piece cancels out (the approach of vLLM's and TGI's
+    incremental detokenizers). A character still incomplete (a trailing replacement character)
+    waits for the next token.
+    """
+
+    def __init__(self, decode: Callable[[list[int]], str]):
+        self.decode = decode
+        self.tokens: list[int] = []
+        self.text = ""
+        self._window = 0  # tokens[_window:_read] decode to the tail of text
+        self._read = 0  # tokens[_read:] are not in text yet
+
+    def push(self, token_id: int) -> str:
+        """Add a token; -> the text it completed (may be empty)."""
+        self.tokens.append(token_id)
+        before = self.decode(self.tokens[self._window: self._read])
+        after = self.decode(self.tokens[self._window:])
+        if len(after) <= len(before) or after.endswith(REPLACEMENT_CHAR):
+            return ""
+        new = after[len(before):]
+        self.text += new
+        self._window, self._read = self._read, len(self.tokens)
+        return new

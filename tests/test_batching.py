@@ -180,12 +180,14 @@ def test_a_cancelled_generation_stops_alone_and_leaves_its_session_unchanged(rt)
     before = rt.get_session(sids[0], include_messages=True)
     free_before = rt.pool.num_free
     seen: list[int] = []
+    hook_threads: set[str] = set()
 
     class Gone(Exception):
         pass
 
-    def disconnect(token: int) -> None:
+    def disconnect(token: int) -> None:  # a streaming client that goes away after two tokens
         seen.append(token)
+        hook_threads.add(threading.current_thread().name)
         if len(seen) == 2:
             raise Gone()
 
@@ -206,6 +208,7 @@ def test_a_cancelled_generation_stops_alone_and_leaves_its_session_unchanged(rt)
     for t in threads:
         t.join()
     assert len(errors) == 1 and len(seen) == 2
+    assert hook_threads == {"leyline-engine"}  # the hook runs where tokens are sampled: no hand-off per token
     assert rt.get_session(sids[0], include_messages=True) == before
     assert all(r.usage.completion_tokens >= 1 for r in others.values()) and len(others) == 2
     for sid in sids[1:]:

@@ -1,8 +1,9 @@
 """Server-sent events for a generation that streams: chat completions and native generate.
 
-The generation runs in a worker thread; the engine's ``on_token`` hook turns
-each sampled token into safe text there (tokenizer work stays off the event
-loop) and hands it to the event loop through a queue. The response only
+The request waits for the generation in a worker thread; the engine calls
+its ``on_token`` hook on the engine thread, which turns each sampled token
+into safe text (tokenizer work stays off the event loop) and hands it to the
+event loop through a queue. The response only
 starts once the first token (or an error) is in: an error before any token
 (unknown session, version conflict, cache too small) is an ordinary HTTP
 error, not a 200 stream. An error after that is sent as an event. When the
@@ -68,7 +69,7 @@ async def stream_tokens(run: Callable[[OnToken], R], decoder: DeltaDecoder, shap
     queue: asyncio.Queue[Item] = asyncio.Queue()
     cancel = threading.Event()
 
-    def on_token(token: int) -> None:  # worker thread
+    def on_token(token: int) -> None:  # engine thread: quick, never blocks
         if cancel.is_set():
             raise GenerationCancelled()
         loop.call_soon_threadsafe(queue.put_nowait, ("delta", decoder.push(token)))

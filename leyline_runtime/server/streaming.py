@@ -5,15 +5,14 @@ at a stop string, tool-call blocks parsed out. A delta is only sent once no
 later token can take it back, so everything sent is a prefix of the final
 content. Held back: an incomplete UTF-8 character, anything from the
 tool-call token on (tool calls go out whole at the end), and the last few
-characters that might still turn into a stop string. Text that merely spells
+characters that might still turn into a stop string. The text grows by
+:class:`~leyline_runtime.tokenizer.IncrementalText` (a short window per token). Text that merely spells
 the markup is content like any other.
 """
 
 from __future__ import annotations
 
-from ..tokenizer import ChatTokenizer
-
-_REPLACEMENT_CHAR = "\ufffd"
+from ..tokenizer import ChatTokenizer, IncrementalText
 
 
 class DeltaDecoder:
@@ -21,7 +20,7 @@ class DeltaDecoder:
         self.tokenizer = tokenizer
         self.stops = [s for s in stop_strings if s]
         self.hold = max((len(s) for s in self.stops), default=1) - 1
-        self.tokens: list[int] = []
+        self.reply = IncrementalText(tokenizer.decode)  # its text never ends in half a character
         self.sent = ""
         self.closed = False  # a stop string or tool call was seen: nothing more streams
 
@@ -32,8 +31,8 @@ class DeltaDecoder:
         if token_id == self.tokenizer.tool_call_id:
             self.closed = True
             return ""
-        self.tokens.append(token_id)
-        text = self.tokenizer.decode(self.tokens)
+        self.reply.push(token_id)
+        text = self.reply.text
         safe = self._safe_length(text)
         if safe <= len(self.sent):
             return ""
@@ -58,7 +57,4 @@ class DeltaDecoder:
                 self.closed = True
         if self.closed:
             return cut
-        cut -= self.hold
-        while cut > 0 and text[cut - 1] == _REPLACEMENT_CHAR:
-            cut -= 1
-        return max(cut, 0)
+        return max(cut - self.hold, 0)
