@@ -214,7 +214,9 @@ class Runtime:
     def generate(self, session_id: str, request: GenerateRequest, tenant: str = DEFAULT_TENANT,
                  on_token: Callable[[int], None] | None = None,
                  processors: list[LogitsProcessor] | None = None) -> GenerateResponse:
-        """``on_token(id)`` (optional) sees each sampled token as it is chosen, for streaming;
+        """``on_token(id)`` (optional) sees each sampled token as it is chosen, for streaming; it runs
+        on the engine thread between two steps of every session, so it must be quick and must not
+        block (raising ends this generation and leaves the session as it was);
         ``processors`` (optional) constrain or bias the choice (see :mod:`.sampling`)."""
         with self._hold(tenant, session_id) as session:
             self._check_version(session, request.expected_version)
