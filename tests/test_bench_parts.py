@@ -222,3 +222,33 @@ def test_peer_crop_equals_full_prefill(runtime, tmp_path):
     for a, b in zip(full.layers, cropped.layers):
         torch.testing.assert_close(a.keys, b.keys, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(a.values, b.values, atol=1e-5, rtol=1e-5)
+
+
+def _module_macs(layer, cfg) -> int:
+    """A token's multiply-adds through one decoder layer's products, read off its modules."""
+    def linears(module):
+        return sum(m.in_features * m.out_features for m in module.modules() if isinstance(m, torch.nn.Linear))
+
+    attn = linears(layer.self_attn)
+    mlp = layer.mlp
+    if not hasattr(mlp, "experts"):
+        return attn + linears(mlp)
+    shared = linears(mlp.shared_experts) if mlp.shared_experts is not None else 0
+    return attn + mlp.gate.weight.numel() + cfg.num_experts_per_tok * linears(mlp.experts[0]) + shared
+
+
+@pytest.mark.parametrize("variant", ["default", "v2-random", "v3-random"])
+def test_prefill_flops_count_every_product_of_the_model(variant):
+    from leyline_bench.roofline import prefill_flops, token_macs
+    from leyline_bench.stress_models import build
+
+    model = build(variant, vocab_size=8192)
+    cfg = model.config
+    per_layer = [_module_macs(layer, cfg) for layer in model.model.layers]
+    assert [token_macs(cfg, i) for i in range(cfg.num_hidden_layers)] == per_layer
+    n = 100
+    flops = prefill_flops(cfg, n)
+    assert flops["products"] == 2 * n * sum(per_layer)
+    per_pair = 2 * cfg.num_attention_heads * (cfg.qk_head_dim + cfg.v_head_dim) * cfg.num_hidden_layers
+    assert flops["attention"] == per_pair * sum(range(1, n + 1))  # query i sees keys 0..i
+    assert flops["total"] == flops["products"] + flops["attention"] + 2 * cfg.hidden_size * cfg.vocab_size

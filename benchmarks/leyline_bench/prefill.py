@@ -8,7 +8,8 @@ Per dtype × context: a fresh prompt of random token ids, prefilled by
   ``logits_to_keep=1``.
 
 Arms alternate per repetition (order rotated), so both see the same machine
-load. Contexts beyond the model's ``max_position_embeddings`` are timed with
+load. Each cell also gives both arms' useful GFLOP/s against this machine's
+ceilings in the same dtype (:mod:`.roofline`): how much room is left at all. Contexts beyond the model's ``max_position_embeddings`` are timed with
 that limit raised (``--max-positions``) on both sides: RoPE needs no table.
 """
 
@@ -26,6 +27,7 @@ from . import plots
 from .machine import runtime_info
 from .output import md_table, write_results
 from .peer import TransformersPeer, checkpoint_folder, scratch_dir
+from .roofline import bound_seconds, machine_ceilings, prefill_flops
 from .stats import median, ratio, rotated, timed
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -67,8 +69,9 @@ class PrefillArms:
             pool.free(table.blocks)
 
 
-def _cells(arms: PrefillArms, dtype: str, args, log) -> list[dict]:
-    vocab = arms.runtime.model.config.vocab_size
+def _cells(arms: PrefillArms, dtype: str, args, log, ceilings: dict[str, float]) -> list[dict]:
+    cfg = arms.runtime.model.config
+    vocab = cfg.vocab_size
     cells = []
     warm = [int(t) for t in torch.randint(0, vocab, (64,))]
     for arm in ARMS:  # first calls pay one-time costs
@@ -80,8 +83,12 @@ def _cells(arms: PrefillArms, dtype: str, args, log) -> list[dict]:
             for arm in rotated(ARMS, r):
                 samples[arm].append(arms.measure(arm, ids))
         med = {arm: median(v) for arm, v in samples.items()}
+        flops = prefill_flops(cfg, n)
+        bound = bound_seconds(flops, ceilings)
         cell = {"dtype": dtype, "context": n, "median_s": med,
                 "tokens_per_s": {arm: n / s for arm, s in med.items()},
+                "gflops_per_s": {arm: flops["total"] / s / 1e9 for arm, s in med.items()}, "flops": flops,
+                "bound_s": bound, "share_of_bound": {arm: bound / s for arm, s in med.items()},
                 "speedup_vs_peer": ratio(med["peer"], med["leyline"]), "samples_s": samples}
         cells.append(cell)
         log(f"prefill {dtype} ctx={n}: leyline {cell['tokens_per_s']['leyline']:.0f} tok/s, "
@@ -92,32 +99,47 @@ def _cells(arms: PrefillArms, dtype: str, args, log) -> list[dict]:
 def run(args, log=print) -> dict:
     set_cpu_gemm(args.cpu_gemm)
     max_positions = args.max_positions or max(args.contexts)
-    cells, info = [], None
+    cells, info, ceilings = [], None, {}
     with scratch_dir() as scratch:
         for dtype in args.dtypes:
             arms = PrefillArms(args, dtype, max_positions, scratch)
             info = runtime_info(arms.runtime)
-            cells += _cells(arms, dtype, args, log)
+            ceilings[dtype] = machine_ceilings(arms.runtime.model.config, DTYPES[dtype])
+            log(f"prefill {dtype}: this machine's ceilings {ceilings[dtype]['gemm_gflops']:.0f} GFLOP/s (GEMM), "
+                f"{ceilings[dtype]['causal_sdpa_gflops']:.0f} GFLOP/s (causal SDPA)")
+            cells += _cells(arms, dtype, args, log, ceilings[dtype])
             del arms
     if info is not None:
         info["dtype"] = " and ".join(args.dtypes)  # each cell names its own
     keys = ("contexts", "dtypes", "reps", "model", "cpu_gemm")
     result = {"benchmark": "prefill", "settings": {**{k: getattr(args, k) for k in keys},
                                                    "max_positions": max_positions},
-              "runtime": info, "cells": cells,
+              "runtime": info, "ceilings": ceilings, "cells": cells,
               "notes": ["Arms interleaved per repetition (order rotated); times are medians in seconds.",
                         "peer: transformers DeepseekV3ForCausalLM (sdpa attention), same weights, fresh DynamicCache.",
-                        "speedup = peer time / leyline time (> 1: Leyline is faster)."]}
-    payload = write_results(args.out, "prefill", result, "leyline-bench prefill", _markdown(cells))
+                        "speedup = peer time / leyline time (> 1: Leyline is faster).",
+                        "GFLOP/s: the prefill's useful FLOPs (products, causal attention, one LM-head row) / "
+                        "median time. Ceilings: one GEMM and one causal SDPA in the same dtype and threads.",
+                        "share of bound: (products at the GEMM ceiling + attention at the SDPA ceiling) / median "
+                        "time; 1 would mean running at the ceilings throughout."]}
+    payload = write_results(args.out, "prefill", result, "leyline-bench prefill", _markdown(cells, ceilings))
     _plot(args.out, cells)
     return payload
 
 
-def _markdown(cells) -> str:
-    headers = ["dtype", "context", "leyline tok/s", "transformers tok/s", "leyline ms", "transformers ms", "speedup"]
+def _markdown(cells, ceilings) -> str:
+    headers = ["dtype", "context", "leyline tok/s", "transformers tok/s", "leyline ms", "transformers ms", "speedup",
+               "leyline GFLOP/s", "transformers GFLOP/s", "attention share of FLOPs", "leyline share of bound",
+               "transformers share of bound"]
     rows = [[c["dtype"], c["context"], c["tokens_per_s"]["leyline"], c["tokens_per_s"]["peer"],
-             c["median_s"]["leyline"] * 1000, c["median_s"]["peer"] * 1000, c["speedup_vs_peer"]] for c in cells]
-    return md_table(headers, rows) + "\n\n![prefill throughput](prefill.png)\n"
+             c["median_s"]["leyline"] * 1000, c["median_s"]["peer"] * 1000, c["speedup_vs_peer"],
+             c["gflops_per_s"]["leyline"], c["gflops_per_s"]["peer"], c["flops"]["attention"] / c["flops"]["total"],
+             c["share_of_bound"]["leyline"], c["share_of_bound"]["peer"]]
+            for c in cells]
+    lines = [f"This machine, {dtype}: a {c['gemm_size']}-cubed GEMM runs at {c['gemm_gflops']:.0f} GFLOP/s, causal "
+             f"SDPA over {c['sdpa_context']} tokens at the model's head sizes at {c['causal_sdpa_gflops']:.0f} GFLOP/s."
+             for dtype, c in ceilings.items()]
+    return md_table(headers, rows) + "\n\n" + "\n".join(lines) + "\n\n![prefill throughput](prefill.png)\n"
 
 
 def _plot(out, cells) -> None:
