@@ -123,6 +123,8 @@ class Engine:
     # -- the waiting side ---------------------------------------------------------------
 
     def _submit(self, *seqs: Sequence) -> None:
+        if threading.current_thread() is self._thread:  # e.g. an on_token hook: it would wait for itself
+            raise RuntimeError("engine work was asked for on the engine thread (from an on_token hook?)")
         with self._wakeup:
             self._inbox.extend(seqs)
             if self._thread is None:
@@ -187,7 +189,9 @@ class Engine:
                 return
             seq.tokens.append(token)
             ensure_capacity(self.pool, seq.table, seq.start + len(seq.tokens))
-        except Exception as exc:  # noqa: BLE001 - a processor, the hook or the cache failing ends this sequence only
+        # a processor, the hook or the cache failing ends this sequence only; BaseException too (a
+        # hook may raise CancelledError or GeneratorExit): the engine thread ending would hang every caller
+        except BaseException as exc:  # noqa: BLE001
             self._fail(seq, exc)
 
     def _finish(self, seq: Sequence, result) -> None:

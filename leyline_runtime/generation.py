@@ -64,7 +64,7 @@ class GenerationState:
             if self.text is None:
                 self.text = IncrementalText(self.decode_text)
             self.text.push(tok)
-            hit = next((s for s in stops if s in self.text.text), None)
+            hit = next((s for s in stops if s in self.text.latest), None)
             if hit is not None:
                 return tok, Generation(self.tokens, "stop", stop_string=hit, logprobs=self.logprobs)
         if len(self.tokens) >= params.max_tokens or self.num_cached + len(self.tokens) >= self.max_positions:

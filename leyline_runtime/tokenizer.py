@@ -99,32 +99,46 @@ REPLACEMENT_CHAR = "\ufffd"  # what decoding puts for bytes that are not (yet) a
 
 
 class IncrementalText:
-    """The text of a growing list of generated tokens, up to its last whole character.
+    """The text of a growing list of generated tokens, as decoding them all would give it.
 
     Each token decodes a short window, not the whole list: decoding everything again per token
     cost 0.7 ms at 8,000 tokens, and a generation's text is read after every token on the engine
-    thread. The window holds the tokens since the last point where the text was whole; the new
-    text is what decoding the window adds to decoding it without the newest tokens, so whatever a
-    decoder does at the start of a piece cancels out (the approach of vLLM's and TGI's
-    incremental detokenizers). A character still incomplete (a trailing replacement character)
-    waits for the next token.
+    thread. ``text`` is committed at token boundaries where the decoded text ended in a whole
+    character; the window starts one commit earlier (so it always holds tokens already decoded)
+    and runs to the newest token, and the new text is what decoding the window adds to decoding
+    it without the uncommitted tokens, so whatever a decoder does at the start of a piece cancels
+    out (the approach of vLLM's and TGI's incremental detokenizers). Tokens whose text still ends
+    in a replacement character (a character not yet whole, or bytes that never will be) stay
+    uncommitted; their text so far is ``pending``, and ``latest`` is the whole decode.
+
+    Not exact for byte-fallback tokenizers (Llama's ``<0x..>`` tokens) when byte tokens form no
+    valid character: decoding a window can then join bytes that decoding everything does not (or
+    the reverse), as in vLLM. A run of tokens that never ends in a whole character keeps the
+    window growing (each push costs what decoding that run costs).
     """
 
     def __init__(self, decode: Callable[[list[int]], str]):
         self.decode = decode
         self.tokens: list[int] = []
         self.text = ""
+        self.pending = ""  # the text of tokens[_read:], which may end in part of a character
         self._window = 0  # tokens[_window:_read] decode to the tail of text
         self._read = 0  # tokens[_read:] are not in text yet
 
+    @property
+    def latest(self) -> str:
+        return self.text + self.pending
+
     def push(self, token_id: int) -> str:
-        """Add a token; -> the text it completed (may be empty)."""
+        """Add a token; -> the text it committed (may be empty)."""
         self.tokens.append(token_id)
         before = self.decode(self.tokens[self._window: self._read])
         after = self.decode(self.tokens[self._window:])
-        if len(after) <= len(before) or after.endswith(REPLACEMENT_CHAR):
-            return ""
         new = after[len(before):]
+        if not new or new.endswith(REPLACEMENT_CHAR):
+            self.pending = new
+            return ""
         self.text += new
+        self.pending = ""
         self._window, self._read = self._read, len(self.tokens)
         return new

@@ -217,6 +217,43 @@ def test_a_cancelled_generation_stops_alone_and_leaves_its_session_unchanged(rt)
     assert rt.pool.num_free >= free_before
 
 
+class Stop(BaseException):
+    """Not an Exception: what a hook may raise (CancelledError, GeneratorExit are of this kind)."""
+
+
+def reentrant(rt, other: str):
+    def hook(token: int) -> None:  # engine work asked for from the engine thread
+        rt.generate(other, GenerateRequest(max_tokens=2))
+    return hook
+
+
+def raises_stop(token: int) -> None:
+    raise Stop()
+
+
+@pytest.mark.parametrize("hook, error", [(raises_stop, Stop), (reentrant, RuntimeError)])
+def test_a_failing_hook_ends_its_generation_only_and_the_engine_goes_on(rt, hook, error):
+    sids = [rt.create_session(SessionCreate(messages=agent_history())).session_id for _ in range(2)]
+    before = rt.get_session(sids[0], include_messages=True)
+    hook = hook(rt, sids[1]) if hook is reentrant else hook
+    outcome: list[BaseException] = []
+
+    def failing() -> None:
+        try:
+            rt.generate(sids[0], GenerateRequest(max_tokens=8), on_token=hook)
+        except BaseException as exc:  # noqa: BLE001 - inspected below
+            outcome.append(exc)
+
+    worker = threading.Thread(target=failing, daemon=True)
+    worker.start()
+    worker.join(timeout=60)  # a dead or self-waiting engine thread hangs the caller: fail, don't hang
+    assert not worker.is_alive() and len(outcome) == 1 and isinstance(outcome[0], error), outcome
+    assert rt.get_session(sids[0], include_messages=True) == before
+    assert rt.generate(sids[1], GenerateRequest(max_tokens=3)).usage.completion_tokens >= 1  # the engine still runs
+    for sid in sids:
+        rt.delete_session(sid)
+
+
 def test_work_on_one_session_never_blocks_another(rt):
     busy, free = (rt.create_session(SessionCreate(messages=h)).session_id for h in histories()[:2])
     done = threading.Event()

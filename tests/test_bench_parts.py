@@ -251,4 +251,5 @@ def test_prefill_flops_count_every_product_of_the_model(variant):
     assert flops["products"] == 2 * n * sum(per_layer)
     per_pair = 2 * cfg.num_attention_heads * (cfg.qk_head_dim + cfg.v_head_dim) * cfg.num_hidden_layers
     assert flops["attention"] == per_pair * sum(range(1, n + 1))  # query i sees keys 0..i
-    assert flops["total"] == flops["products"] + flops["attention"] + 2 * cfg.hidden_size * cfg.vocab_size
+    assert flops["head"] == 2 * cfg.hidden_size * cfg.vocab_size
+    assert flops["total"] == flops["products"] + flops["attention"] + flops["head"]

@@ -83,3 +83,16 @@ def test_min_tokens_holds_back_the_end_of_the_message(rt):
     held = rt.generate(sid, GenerateRequest(max_tokens=free + 6, min_tokens=free + 6))
     rt.delete_session(sid)
     assert held.usage.completion_tokens == free + 6 and held.finish_reason == "length"  # ... but not before min_tokens
+
+
+def test_a_stop_string_before_half_a_character_stops_at_its_token():
+    from leyline_runtime.generation import GenerationState
+    from leyline_sdk.protocol import SamplingParams
+
+    pieces = [b"ab", b"STOP\xe6", b"\x97\xa5"]  # token 1 ends with the first byte of a character
+    decode = lambda ids: b"".join(pieces[i] for i in ids).decode("utf-8", errors="replace")  # noqa: E731
+    state = GenerationState.create(SamplingParams(stop=["STOP"], max_tokens=10), set(), 0, 100, decode)
+    choose = lambda k: torch.nn.functional.one_hot(torch.tensor(k), 3).float()  # noqa: E731
+    assert state.step(choose(0)) == (0, None)
+    token, done = state.step(choose(1))
+    assert token == 1 and done is not None and done.stop_string == "STOP" and done.finish_reason == "stop"

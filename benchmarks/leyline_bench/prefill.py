@@ -120,7 +120,7 @@ def run(args, log=print) -> dict:
                         "speedup = peer time / leyline time (> 1: Leyline is faster).",
                         "GFLOP/s: the prefill's useful FLOPs (products, causal attention, one LM-head row) / "
                         "median time. Ceilings: one GEMM and one causal SDPA in the same dtype and threads.",
-                        "share of bound: (products at the GEMM ceiling + attention at the SDPA ceiling) / median "
+                        "share of bound: (products and LM head at the GEMM ceiling + attention at the SDPA ceiling) / median "
                         "time; 1 would mean running at the ceilings throughout."]}
     payload = write_results(args.out, "prefill", result, "leyline-bench prefill", _markdown(cells, ceilings))
     _plot(args.out, cells)

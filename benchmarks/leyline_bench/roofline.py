@@ -36,15 +36,16 @@ def token_macs(cfg: MLAConfig, layer: int) -> int:
 
 
 def prefill_flops(cfg: MLAConfig, n: int, logits_rows: int = 1) -> dict[str, float]:
-    """FLOPs of prefilling ``n`` tokens from an empty cache: ``products``, causal ``attention``
-    (QK^T and PV over the n(n+1)/2 visible pairs per head) and ``total`` (with ``logits_rows``
-    rows of the LM head)."""
+    """FLOPs of prefilling ``n`` tokens from an empty cache: the layers' ``products``, causal
+    ``attention`` (QK^T and PV over the n(n+1)/2 visible pairs per head), ``logits_rows`` rows of
+    the LM ``head``, and their ``total``."""
     layers = range(cfg.num_hidden_layers)
     products = 2 * n * sum(token_macs(cfg, layer) for layer in layers)
     pairs = n * (n + 1) // 2
     attention = 2 * pairs * cfg.num_attention_heads * (cfg.qk_head_dim + cfg.v_head_dim) * cfg.num_hidden_layers
     head = 2 * logits_rows * cfg.hidden_size * cfg.vocab_size
-    return {"products": float(products), "attention": float(attention), "total": float(products + attention + head)}
+    return {"products": float(products), "attention": float(attention), "head": float(head),
+            "total": float(products + attention + head)}
 
 
 def _best_seconds(fn, reps: int) -> float:
@@ -60,8 +61,9 @@ def _best_seconds(fn, reps: int) -> float:
 def machine_ceilings(cfg: MLAConfig, dtype: torch.dtype, size: int = 2048, context: int = 4096,
                      reps: int = 3) -> dict[str, float]:
     """GFLOP/s of one ``size``-cubed GEMM and of causal SDPA over ``context`` tokens with the
-    model's heads and QK head size, best of ``reps``. V is the QK size too (Leyline pads a smaller
-    V to it on CPU), and only the model's own V size counts as useful work."""
+    model's heads and QK head size, best of ``reps``. V is the QK size too, and only the model's
+    own V size counts as useful work: for a model with a smaller V this is Leyline's padded call,
+    not necessarily the kernel transformers takes (the default model's V and QK sizes are equal)."""
     g = torch.Generator().manual_seed(0)
     a = torch.randn(size, size, generator=g).to(dtype)
     b = torch.randn(size, size, generator=g).to(dtype)
@@ -74,6 +76,7 @@ def machine_ceilings(cfg: MLAConfig, dtype: torch.dtype, size: int = 2048, conte
 
 
 def bound_seconds(flops: dict[str, float], ceilings: dict[str, float]) -> float:
-    """The least time the work could take at the ceilings: products at the GEMM's rate, attention
-    at causal SDPA's (a loose bound for small products, which run below a large GEMM's rate)."""
-    return flops["products"] / (ceilings["gemm_gflops"] * 1e9) + flops["attention"] / (ceilings["causal_sdpa_gflops"] * 1e9)
+    """The least time the work could take at the ceilings: products and LM head at the GEMM's rate,
+    attention at causal SDPA's (a loose bound for small products, which run below a large GEMM's rate)."""
+    gemm = flops["products"] + flops["head"]
+    return gemm / (ceilings["gemm_gflops"] * 1e9) + flops["attention"] / (ceilings["causal_sdpa_gflops"] * 1e9)

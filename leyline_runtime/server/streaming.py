@@ -12,7 +12,7 @@ the markup is content like any other.
 
 from __future__ import annotations
 
-from ..tokenizer import ChatTokenizer, IncrementalText
+from ..tokenizer import REPLACEMENT_CHAR, ChatTokenizer, IncrementalText
 
 
 class DeltaDecoder:
@@ -20,7 +20,7 @@ class DeltaDecoder:
         self.tokenizer = tokenizer
         self.stops = [s for s in stop_strings if s]
         self.hold = max((len(s) for s in self.stops), default=1) - 1
-        self.reply = IncrementalText(tokenizer.decode)  # its text never ends in half a character
+        self.reply = IncrementalText(tokenizer.decode)
         self.sent = ""
         self.closed = False  # a stop string or tool call was seen: nothing more streams
 
@@ -32,7 +32,7 @@ class DeltaDecoder:
             self.closed = True
             return ""
         self.reply.push(token_id)
-        text = self.reply.text
+        text = self.reply.latest
         safe = self._safe_length(text)
         if safe <= len(self.sent):
             return ""
@@ -57,4 +57,7 @@ class DeltaDecoder:
                 self.closed = True
         if self.closed:
             return cut
-        return max(cut - self.hold, 0)
+        cut -= self.hold
+        while cut > 0 and text[cut - 1] == REPLACEMENT_CHAR:  # maybe part of a character still to come
+            cut -= 1
+        return max(cut, 0)
