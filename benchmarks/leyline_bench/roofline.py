@@ -58,21 +58,25 @@ def _best_seconds(fn, reps: int) -> float:
     return best
 
 
-def machine_ceilings(cfg: MLAConfig, dtype: torch.dtype, size: int = 2048, context: int = 4096,
-                     reps: int = 3) -> dict[str, float]:
-    """GFLOP/s of one ``size``-cubed GEMM and of causal SDPA over ``context`` tokens with the
-    model's heads and QK head size, best of ``reps``. V is the QK size too, and only the model's
-    own V size counts as useful work: for a model with a smaller V this is Leyline's padded call,
-    not necessarily the kernel transformers takes (the default model's V and QK sizes are equal)."""
+def gemm_ceiling(dtype: torch.dtype, size: int = 2048, reps: int = 3) -> float:
+    """GFLOP/s of one ``size``-cubed GEMM, best of ``reps``."""
     g = torch.Generator().manual_seed(0)
     a = torch.randn(size, size, generator=g).to(dtype)
     b = torch.randn(size, size, generator=g).to(dtype)
-    gemm = 2 * size ** 3 / _best_seconds(lambda: a @ b, reps)
-    heads, d = cfg.num_attention_heads, cfg.qk_head_dim
-    q, k, v = (torch.randn(1, heads, context, d, generator=g).to(dtype) for _ in range(3))
-    useful = 2 * context * (context + 1) // 2 * heads * (cfg.qk_head_dim + cfg.v_head_dim)
-    sdpa = useful / _best_seconds(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True), reps)
-    return {"gemm_gflops": gemm / 1e9, "causal_sdpa_gflops": sdpa / 1e9, "gemm_size": size, "sdpa_context": context}
+    return 2 * size ** 3 / _best_seconds(lambda: a @ b, reps) / 1e9
+
+
+def sdpa_ceiling(cfg: MLAConfig, dtype: torch.dtype, context: int, reps: int = 2) -> float:
+    """GFLOP/s of one layer's causal SDPA over ``context`` tokens with the model's heads and QK head
+    size, best of ``reps`` (the kernel's rate depends on the length, so each context gets its own).
+    V is the QK size too, and only the model's own V size counts as useful work: for a model with a
+    smaller V this is Leyline's padded call, not necessarily the kernel transformers takes (the
+    default model's V and QK sizes are equal)."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, cfg.num_attention_heads, context, cfg.qk_head_dim, generator=g).to(dtype)
+               for _ in range(3))
+    useful = 2 * context * (context + 1) // 2 * cfg.num_attention_heads * (cfg.qk_head_dim + cfg.v_head_dim)
+    return useful / _best_seconds(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True), reps) / 1e9
 
 
 def bound_seconds(flops: dict[str, float], ceilings: dict[str, float]) -> float:
