@@ -3,10 +3,9 @@
 The request waits for the generation in a worker thread; the engine calls
 its ``on_token`` hook on the engine thread, which turns each sampled token
 into safe text (tokenizer work stays off the event loop) and hands it to the
-event loop through a queue. The response only
-starts once the first token (or an error) is in: an error before any token
-(unknown session, version conflict, cache too small) is an ordinary HTTP
-error, not a 200 stream. An error after that is sent as an event. When the
+event loop through a queue. The response only starts once the first token
+(or an error) is in: an error before any token (unknown session, version
+conflict, cache too small) is an ordinary HTTP error, not a 200 stream. An error after that is sent as an event. When the
 client goes away the next token aborts the generation.
 
 What the events look like is the stream's :class:`StreamShape`: OpenAI's

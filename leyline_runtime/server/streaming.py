@@ -5,9 +5,9 @@ at a stop string, tool-call blocks parsed out. A delta is only sent once no
 later token can take it back, so everything sent is a prefix of the final
 content. Held back: an incomplete UTF-8 character, anything from the
 tool-call token on (tool calls go out whole at the end), and the last few
-characters that might still turn into a stop string. The text grows by
-:class:`~leyline_runtime.tokenizer.IncrementalText` (a short window per token). Text that merely spells
-the markup is content like any other.
+characters that might still turn into a stop string. Text that merely spells
+the markup is content like any other. The text grows by
+:class:`~leyline_runtime.tokenizer.IncrementalText` (a short window per token).
 """
 
 from __future__ import annotations
