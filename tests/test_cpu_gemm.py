@@ -72,6 +72,14 @@ def test_training_keeps_autograd_linear_whatever_the_library():
     assert (layer.weight.grad.double() - expected).abs().max().item() <= 1e-6
 
 
+def test_fp32_linear_keeps_autograd_where_a_gradient_is_needed():
+    # the MoE router calls fp32_linear directly; oneDNN's operator has no backward
+    w = torch.randn(4, 8, generator=torch.Generator().manual_seed(3), requires_grad=True)
+    with cpu_gemm("onednn"), layers.invariant_products():
+        layers.fp32_linear(torch.ones(2, 8), w).sum().backward()
+    assert w.grad is not None and torch.equal(w.grad, torch.full((4, 8), 2.0))
+
+
 def test_greedy_generation_agrees_across_libraries():
     """The served model on both libraries: the same greedy tokens, logprobs equal to rounding."""
     rt = Runtime(RuntimeConfig(max_cache_tokens=8192))

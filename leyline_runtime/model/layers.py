@@ -184,11 +184,11 @@ class Linear(nn.Linear):
                 or (torch.is_grad_enabled() and (self.weight.requires_grad or x.requires_grad))):  # autograd's
             return super().forward(x)
         if x.dtype == torch.float32:
-            return self._fp32_product(x, self.weight, self.bias)
+            return fp32_linear(x, self.weight, self.bias)
         if cpu_has_bf16_matmul() and not invariant_rows():
             return self._bf16_product(x) if onednn_available() else super().forward(x)
         bias = None if self.bias is None else self.bias.float()
-        return self._fp32_product(x.float(), self._fp32_weight(), bias).to(x.dtype)
+        return fp32_linear(x.float(), self._fp32_weight(), bias).to(x.dtype)
 
     def _bf16_product(self, x: torch.Tensor) -> torch.Tensor:
         """A bf16 product on a CPU with bf16 instructions: oneDNN with the weight packed once into its
@@ -202,9 +202,6 @@ class Linear(nn.Linear):
         out = torch.ops.mkldnn._linear_pointwise(flat, self._packed[1], self.bias, "none", [], "")
         return out.reshape(*x.shape[:-1], self.out_features)
 
-    def _fp32_product(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        return fp32_linear(x, weight, bias)
-
     def _fp32_weight(self) -> torch.Tensor:
         if self._fp32 is None or not self._fp32[0].matches(self.weight):
             self._fp32 = (WeightKey.of(self.weight), self.weight.detach().float())
@@ -212,8 +209,10 @@ class Linear(nn.Linear):
 
 
 def fp32_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """An fp32 inference product on :func:`linear_library`'s library (oneDNN's operator is CPU-only)."""
-    if x.device.type == "cpu" and linear_library(bool(invariant_rows())) == "onednn":
+    """An fp32 product on :func:`linear_library`'s library; ``F.linear`` where autograd needs it
+    (oneDNN's operator has no backward) or off the CPU (it is CPU-only)."""
+    needs_grad = torch.is_grad_enabled() and (weight.requires_grad or x.requires_grad)
+    if not needs_grad and x.device.type == "cpu" and linear_library(bool(invariant_rows())) == "onednn":
         return onednn_linear(x, weight, bias)
     return F.linear(x, weight, bias)
 
@@ -280,12 +279,7 @@ class Router(nn.Module):
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         cfg = self.cfg
-        rows, w = x.shape[0], self.weight.float()
-        x = padded_rows(x.float(), invariant_rows())
-        if torch.is_grad_enabled() and (w.requires_grad or x.requires_grad):  # training: autograd's
-            logits = F.linear(x, w)[:rows]
-        else:
-            logits = fp32_linear(x, w)[:rows]
+        logits = fp32_linear(padded_rows(x.float(), invariant_rows()), self.weight.float())[: x.shape[0]]
         if cfg.scoring_func == "sigmoid":
             scores = logits.sigmoid()
             choice = scores + self.e_score_correction_bias.float()
