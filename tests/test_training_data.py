@@ -500,6 +500,26 @@ CUSTOM_AND_DRILLS_SHA256 = "10867b7c81ba91a1f4ab4a621edbf0c54273e70541ce06b4e69d
 RUN8_MIX_SHARD_SHA256 = "3a4085f36a5ad0c53b74601552cca73c2b18c0c737400a516c49fb46922930d1"
 
 
+def test_train_resumes_from_its_checkpoint(tmp_path):
+    """A second run on the same folder continues the step count, data position and log of the first."""
+    from leyline_runtime.model.default import DEFAULT_MODEL_DIR
+    import torch
+
+    from leyline_training.train import CHECKPOINT, train
+
+    args = dict(init_from=DEFAULT_MODEL_DIR, seq_len=1024, lr=1e-9, warmup_steps=1, eval_transcripts=0,
+                rows_per_shard=2, log_every=1, curriculum=None, log=lambda *_: None)
+    first = train(tmp_path / "run", max_steps=1, **args)
+    saved = torch.load(tmp_path / "run" / CHECKPOINT, map_location="cpu", weights_only=False)
+    assert saved["step"] == 1 and len(saved["history"]) == 1
+    second = train(tmp_path / "run", max_steps=2, **args)
+    assert (first["steps"], second["steps"]) == (1, 2)
+    assert second["tokens"] == 2 * first["tokens"] and second["stop"] == "max_steps"
+    assert second["data_position"] != first["data_position"]
+    resumed = torch.load(tmp_path / "run" / CHECKPOINT, map_location="cpu", weights_only=False)
+    assert [r["step"] for r in resumed["history"]] == [1, 2]
+
+
 def test_recipes_without_script_drills_get_the_data_they_were_trained_on(tok):
     import hashlib
 

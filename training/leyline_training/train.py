@@ -138,6 +138,133 @@ def _save_checkpoint(path: Path, payload: dict) -> None:
     os.replace(tmp, path)
 
 
+@dataclasses.dataclass
+class _Progress:
+    """What a checkpoint carries besides the weights: where training is and what it logged."""
+
+    step: int = 0
+    tokens: int = 0
+    elapsed: float = 0.0
+    history: list[dict] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass
+class _Window:
+    """Throughput and loss since the last log line."""
+
+    tokens: int = 0
+    seconds: float = 0.0
+    loss: float = 0.0
+    steps: int = 0
+
+
+class _Loop:
+    """The optimiser loop: steps, logging and checkpoints over one model, optimiser and data stream."""
+
+    def __init__(self, model: DeepseekForCausalLM, opt: torch.optim.Optimizer, stream: DataStream,
+                 done: _Progress, ckpt_path: Path, *, seq_len: int, batch: int, accum: int, grad_clip: float,
+                 assistant_weight: float, autocast_dtype: torch.dtype | None, ckpt_args: dict):
+        self.model, self.opt, self.stream, self.done, self.ckpt_path = model, opt, stream, done, ckpt_path
+        self.seq_len, self.batch, self.accum, self.grad_clip = seq_len, batch, accum, grad_clip
+        self.assistant_weight, self.autocast_dtype, self.ckpt_args = assistant_weight, autocast_dtype, ckpt_args
+
+    def checkpoint(self) -> None:
+        done = self.done
+        _save_checkpoint(self.ckpt_path, {
+            "model": self.model.state_dict(), "optimizer": self.opt.state_dict(), "step": done.step,
+            "tokens": done.tokens, "elapsed": done.elapsed, "data": (self.stream.shard_index, self.stream.row),
+            "config": self.model.config.to_hf_dict(), "history": done.history, "args": self.ckpt_args})
+
+    def step(self, cur_len: int, cur_lr: float) -> tuple[float, int]:
+        """One optimiser step at ``cur_len``-token rows: (mean logged loss, tokens trained on)."""
+        for g in self.opt.param_groups:
+            g["lr"] = cur_lr
+        self.opt.zero_grad(set_to_none=True)
+        loss_sum = 0.0
+        rows_per_micro = max(1, self.batch * self.seq_len // cur_len)  # same tokens per step in every phase
+        for _ in range(self.accum):
+            rows, classes = self.stream.next(rows_per_micro, cur_len)
+            tokens = torch.from_numpy(rows.astype(np.int64))
+            weights = torch.from_numpy(loss_weights(classes, self.assistant_weight))
+            loss, plain = weighted_loss(self.model, tokens, weights, self.autocast_dtype)
+            (loss / self.accum).backward()
+            loss_sum += plain.item() / self.accum
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
+        self.opt.step()
+        return loss_sum, rows_per_micro * self.accum * cur_len
+
+    def run(self, phases: list[tuple[float, int]], budget_s: float, max_steps: int | None, lr_of,
+            log_every: int, checkpoint_minutes: float, log, minutes: float) -> str:
+        """Steps until the budget (time, or ``max_steps``) is spent; the reason training stopped."""
+        done = self.done
+        t_last, last_ckpt, win = time.perf_counter(), done.elapsed, _Window()
+        while True:
+            progress = done.elapsed / budget_s
+            if max_steps is not None:
+                progress = max(progress, done.step / max_steps)
+            if progress >= 1.0:
+                return "max_steps" if max_steps is not None and done.step >= max_steps else "budget"
+            cur_len = next(length for until, length in phases if progress < until)
+            cur_lr = lr_of(done.step, progress)
+            loss_sum, n_tok = self.step(cur_len, cur_lr)
+            done.step += 1
+            done.tokens += n_tok
+            now = time.perf_counter()
+            dt, t_last = now - t_last, now
+            done.elapsed += dt
+            win = _Window(win.tokens + n_tok, win.seconds + dt, win.loss + loss_sum, win.steps + 1)
+            if not math.isfinite(loss_sum):
+                log(f"step {done.step}: loss is {loss_sum}; stopping")
+                return "non-finite loss"
+            if done.step % log_every == 0 or done.step == 1:
+                rec = {"step": done.step, "tokens": done.tokens, "loss": win.loss / win.steps, "lr": cur_lr,
+                       "tok_s": win.tokens / win.seconds, "elapsed_min": done.elapsed / 60, "seq_len": cur_len}
+                done.history.append(rec)
+                log(f"step {done.step:6d} | {rec['tok_s']:7.0f} tok/s | loss {rec['loss']:.4f} | lr {cur_lr:.2e} | "
+                    f"seq {cur_len} | {done.tokens / 1e6:.2f}M tok | {done.elapsed / 60:5.1f}/{minutes:g} min")
+                sys.stdout.flush()
+                win = _Window()
+            if done.elapsed - last_ckpt >= checkpoint_minutes * 60:
+                self.checkpoint()
+                last_ckpt = done.elapsed
+                t_last = time.perf_counter()  # saving time is not training time
+
+
+def _start_model(out: Path, resume: bool, init_from: str | Path | None, tok: ChatTokenizer, seed: int,
+                 log) -> tuple[DeepseekForCausalLM, dict | None]:
+    """The model to train and, when resuming, the checkpoint it resumes from."""
+    ckpt_path = out / CHECKPOINT
+    state, start = None, None
+    if resume and ckpt_path.is_file():
+        state = torch.load(ckpt_path, map_location="cpu", weights_only=False)
+        cfg = config_from_dict(state["config"])
+        log(f"resuming from {ckpt_path}: step {state['step']}, {state['elapsed'] / 60:.1f} min done")
+    elif init_from:
+        start = load_model(str(init_from), dtype=torch.float32)
+        cfg = start.config
+        log(f"starting from the weights in {init_from}")
+    else:
+        cfg = default_config(tok.vocab_size)
+    torch.manual_seed(seed)
+    model = seeded_model(cfg, seed)
+    if state is not None:
+        model.load_state_dict(state["model"])
+    elif start is not None:
+        model.load_state_dict(start.state_dict())
+    model.train()
+    return model, state
+
+
+def _export(final: Path, export: str | Path | None, log) -> None:
+    if not export:
+        return
+    dest = Path(export)
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in ("config.json", "model.safetensors", "tokenizer.json"):
+        shutil.copyfile(final / name, dest / name)
+    log(f"exported to {dest}")
+
+
 def train(out_dir: str | Path, *, minutes: float = 70.0, seq_len: int = 2048, batch: int = 1, accum: int = 1,
           lr: float = 2e-3, min_lr_ratio: float = 0.05, warmup_steps: int = 60, weight_decay: float = 0.1,
           grad_clip: float = 1.0, betas: tuple[float, float] = (0.9, 0.95), dtype: str = "auto",
@@ -156,128 +283,48 @@ def train(out_dir: str | Path, *, minutes: float = 70.0, seq_len: int = 2048, ba
     tok = ChatTokenizer.from_file(tokenizer)
     phases = parse_curriculum(curriculum, seq_len)
     budget_s = minutes * 60.0
-    ckpt_path = out / CHECKPOINT
-
-    state = None
-    if resume and ckpt_path.is_file():
-        state = torch.load(ckpt_path, map_location="cpu", weights_only=False)
-        cfg = config_from_dict(state["config"])
-        log(f"resuming from {ckpt_path}: step {state['step']}, {state['elapsed'] / 60:.1f} min done")
-    elif init_from:
-        start = load_model(str(init_from), dtype=torch.float32)
-        cfg = start.config
-        log(f"starting from the weights in {init_from}")
-    else:
-        cfg = default_config(tok.vocab_size)
-    torch.manual_seed(seed)
-    model = seeded_model(cfg, seed)
-    if state is not None:
-        model.load_state_dict(state["model"])
-    elif init_from:
-        model.load_state_dict(start.state_dict())
-    model.train()
+    model, state = _start_model(out, resume, init_from, tok, seed, log)
+    cfg = model.config
     opt = torch.optim.AdamW(param_groups(model, weight_decay), lr=lr, betas=betas, eps=1e-8)
     if state is not None:
         opt.load_state_dict(state["optimizer"])
-    packer = Packer(tok, mix, seed=seed, rows_per_shard=rows_per_shard)
-    stream = DataStream(packer, *(state["data"] if state else (0, 0)))
-    step = state["step"] if state else 0
-    tokens_seen = state["tokens"] if state else 0
-    elapsed = state["elapsed"] if state else 0.0
-    history = state.get("history", []) if state else []
+    stream = DataStream(Packer(tok, mix, seed=seed, rows_per_shard=rows_per_shard),
+                        *(state["data"] if state else (0, 0)))
+    done = _Progress(state["step"], state["tokens"], state["elapsed"], state.get("history", [])) if state \
+        else _Progress()
     n_params = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
     log(f"model: {n_params / 1e6:.2f}M params ({cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}, "
         f"vocab {cfg.vocab_size}, tied={cfg.tie_word_embeddings}); dtype {dtype}; threads "
         f"{torch.get_num_threads()}; batch {batch}x{accum} rows; phases {phases}; budget {minutes:g} min")
 
-    t_last = time.perf_counter()
-    last_ckpt = elapsed
-    win_tokens, win_time, win_loss, win_n = 0, 0.0, 0.0, 0
-    stop_reason = "budget"
-
-    def checkpoint():
-        _save_checkpoint(ckpt_path, {
-            "model": model.state_dict(), "optimizer": opt.state_dict(), "step": step, "tokens": tokens_seen,
-            "elapsed": elapsed, "data": (stream.shard_index, stream.row), "config": cfg.to_hf_dict(),
-            "history": history, "args": {"seq_len": seq_len, "batch": batch, "accum": accum, "lr": lr,
-                                         "minutes": minutes, "dtype": dtype, "curriculum": curriculum}})
-
-    while True:
-        progress = elapsed / budget_s
-        if max_steps is not None:
-            progress = max(progress, step / max_steps)
-        if progress >= 1.0:
-            stop_reason = "max_steps" if max_steps is not None and step >= max_steps else "budget"
-            break
-        cur_len = next(length for until, length in phases if progress < until)
-        cur_lr = lr_at(step, progress, lr=lr, warmup=warmup_steps, min_ratio=min_lr_ratio)
-        for g in opt.param_groups:
-            g["lr"] = cur_lr
-        opt.zero_grad(set_to_none=True)
-        loss_sum = 0.0
-        rows_per_micro = max(1, batch * seq_len // cur_len)  # same tokens per step in every phase
-        for _ in range(accum):
-            rows, classes = stream.next(rows_per_micro, cur_len)
-            tokens = torch.from_numpy(rows.astype(np.int64))
-            weights = torch.from_numpy(loss_weights(classes, assistant_weight))
-            loss, plain = weighted_loss(model, tokens, weights, autocast_dtype)
-            (loss / accum).backward()
-            loss_sum += plain.item() / accum
-        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-        opt.step()
-        step += 1
-        n_tok = rows_per_micro * accum * cur_len
-        tokens_seen += n_tok
-        now = time.perf_counter()
-        dt, t_last = now - t_last, now
-        elapsed += dt
-        win_tokens += n_tok
-        win_time += dt
-        win_loss += loss_sum
-        win_n += 1
-        if not math.isfinite(loss_sum):
-            stop_reason = "non-finite loss"
-            log(f"step {step}: loss is {loss_sum}; stopping")
-            break
-        if step % log_every == 0 or step == 1:
-            rec = {"step": step, "tokens": tokens_seen, "loss": win_loss / win_n, "lr": cur_lr,
-                   "tok_s": win_tokens / win_time, "elapsed_min": elapsed / 60, "seq_len": cur_len}
-            history.append(rec)
-            log(f"step {step:6d} | {rec['tok_s']:7.0f} tok/s | loss {rec['loss']:.4f} | lr {cur_lr:.2e} | "
-                f"seq {cur_len} | {tokens_seen / 1e6:.2f}M tok | {elapsed / 60:5.1f}/{minutes:g} min")
-            sys.stdout.flush()
-            win_tokens, win_time, win_loss, win_n = 0, 0.0, 0.0, 0
-        if elapsed - last_ckpt >= checkpoint_minutes * 60:
-            checkpoint()
-            last_ckpt = elapsed
-            t_last = time.perf_counter()  # saving time is not training time
-
-    checkpoint()
+    loop = _Loop(model, opt, stream, done, out / CHECKPOINT, seq_len=seq_len, batch=batch, accum=accum,
+                 grad_clip=grad_clip, assistant_weight=assistant_weight, autocast_dtype=autocast_dtype,
+                 ckpt_args={"seq_len": seq_len, "batch": batch, "accum": accum, "lr": lr, "minutes": minutes,
+                            "dtype": dtype, "curriculum": curriculum})
+    stop_reason = loop.run(phases, budget_s, max_steps, lambda step, progress: lr_at(
+        step, progress, lr=lr, warmup=warmup_steps, min_ratio=min_lr_ratio), log_every, checkpoint_minutes, log,
+        minutes)
+    loop.checkpoint()
     model.eval()
     final = out / "model"
     save_model(model, final, dtype=torch.bfloat16)  # compact: half the bytes; loaders upcast
     shutil.copyfile(tokenizer, final / "tokenizer.json")
-    summary = {"steps": step, "tokens": tokens_seen, "elapsed_min": elapsed / 60, "stop": stop_reason,
+    summary = {"steps": done.step, "tokens": done.tokens, "elapsed_min": done.elapsed / 60, "stop": stop_reason,
                "params": n_params, "dtype": dtype, "threads": torch.get_num_threads(), "seq_len": seq_len,
                "batch": batch, "accum": accum, "lr": lr, "curriculum": curriculum, "seed": seed,
                "init_from": str(init_from) if init_from else None, "assistant_weight": assistant_weight,
                **dataclasses.asdict(mix),
                "data_position": [stream.shard_index, stream.row],
                "packed_tokens_this_process": {"transcripts": stream.transcript_tokens, "stdlib": stream.text_tokens},
-               "last_loss": history[-1]["loss"] if history else None,
+               "last_loss": done.history[-1]["loss"] if done.history else None,
                "config": cfg.to_hf_dict()}
     if eval_transcripts:
         summary["heldout"] = heldout_loss(model, tok, eval_transcripts)
         log(f"held-out (test split, {eval_transcripts} transcripts): loss {summary['heldout']['loss']:.4f}, "
             f"assistant-token loss {summary['heldout']['assistant_loss']:.4f}")
-    (final / "training.json").write_text(json.dumps({**summary, "history": history}, indent=1))
-    if export:
-        dest = Path(export)
-        dest.mkdir(parents=True, exist_ok=True)
-        for name in ("config.json", "model.safetensors", "tokenizer.json"):
-            shutil.copyfile(final / name, dest / name)
-        log(f"exported to {dest}")
-    log(f"done: {step} steps, {tokens_seen / 1e6:.2f}M tokens, {elapsed / 60:.1f} min ({stop_reason}); "
+    (final / "training.json").write_text(json.dumps({**summary, "history": done.history}, indent=1))
+    _export(final, export, log)
+    log(f"done: {done.step} steps, {done.tokens / 1e6:.2f}M tokens, {done.elapsed / 60:.1f} min ({stop_reason}); "
         f"weights in {final}")
     return summary
 
