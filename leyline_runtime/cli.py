@@ -225,12 +225,12 @@ def build_runtime(args: argparse.Namespace):
     """Load model, tokenizer and cache in stages, saying what each one got."""
     import torch
 
-    from .auto_mode import AutoConfig
+    from leyline_runtime.directives.auto_mode import AutoConfig
     from .model import load_model
     from .model.default import DEFAULT_MODEL_DIR
     from .model.layers import cpu_vendor, linear_library
     from .runtime import Runtime, RuntimeConfig
-    from .tokenizer import ChatTokenizer
+    from leyline_runtime.text.tokenizer import ChatTokenizer
 
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -31,19 +31,19 @@ from leyline_sdk.protocol import (
     SessionCreate, SessionInfo, TokenLogprob, TopLogprob, Usage,
 )
 
-from . import chat_template as tpl
-from .auto_mode import AutoConfig, AutoMode
-from .drift import DriftState
-from .engine import Engine, Generation
-from .executor import DirectiveExecutor, Plan
-from .grammar import GrammarProcessor
-from .kv_cache import BlockPool, BlockTable, ensure_capacity
+from leyline_runtime.text import chat_template as tpl
+from leyline_runtime.directives.auto_mode import AutoConfig, AutoMode
+from leyline_runtime.sessions.drift import DriftState
+from leyline_runtime.engine.engine import Engine, Generation
+from leyline_runtime.directives.executor import DirectiveExecutor, Plan
+from leyline_runtime.engine.grammar import GrammarProcessor
+from leyline_runtime.engine.kv_cache import BlockPool, BlockTable, ensure_capacity
 from .model import DeepseekForCausalLM, load_model
 from .model.default import DEFAULT_MODEL_DIR
-from .sampling import LogitsProcessor
-from .session import Session
-from .tenancy import Tenancy
-from .tokenizer import ChatTokenizer
+from leyline_runtime.engine.sampling import LogitsProcessor
+from leyline_runtime.sessions.session import Session
+from leyline_runtime.sessions.tenancy import Tenancy
+from leyline_runtime.text.tokenizer import ChatTokenizer
 
 DEFAULT_TENANT = "default"
 

@@ -125,7 +125,7 @@ def test_batch_invariant_mode_makes_batched_bit_equal_to_solo(rt_invariant, monk
 def test_grouped_attention_equals_each_sequence_reading_its_rows_in_place(rt, by_blocks):
     """Short prefill runs, and decode steps over short histories, attending in groups over padded
     gathers of their rows (whole blocks, or row by row) == each sequence over its rows in place."""
-    from leyline_runtime.kv_cache import BlockTable, ensure_capacity
+    from leyline_runtime.engine.kv_cache import BlockTable, ensure_capacity
     from leyline_runtime.model import batch
 
     pool, gen = rt.pool, torch.Generator().manual_seed(0)
@@ -274,9 +274,9 @@ def test_work_on_one_session_never_blocks_another(rt):
 
 @pytest.mark.parametrize("invariant", [False, True])
 def test_prefill_cuts_depend_on_the_batch_only_outside_invariant_mode(invariant):
-    from leyline_runtime.kv_cache import BlockTable
-    from leyline_runtime.scheduler import Scheduler
-    from leyline_runtime.sequence import Sequence
+    from leyline_runtime.engine.kv_cache import BlockTable
+    from leyline_runtime.engine.scheduler import Scheduler
+    from leyline_runtime.engine.sequence import Sequence
 
     def cuts(decoders: int) -> list[int]:
         sched = Scheduler(max_batched_tokens=512, max_prefill_tokens=8192, invariant_chunk=512 if invariant else None)

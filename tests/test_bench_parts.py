@@ -25,7 +25,7 @@ from leyline_bench.replay_arms import (
 from leyline_bench.traces import PATTERNS, make_trace
 from leyline_runtime.model.default import default_tokenizer_path
 from leyline_runtime.runtime import Runtime, RuntimeConfig
-from leyline_runtime.tokenizer import ChatTokenizer
+from leyline_runtime.text.tokenizer import ChatTokenizer
 from leyline_sdk.diff import apply_directives, split_append
 from leyline_sdk.protocol import Directive, DirectiveBatch, Message, SessionCreate, Span
 

@@ -11,7 +11,7 @@ from leyline_bench.edit_sessions import EditSession, Step
 from leyline_runtime.model import load_model
 from leyline_runtime.model.default import DEFAULT_MODEL_DIR, default_tokenizer_path
 from leyline_runtime.runtime import Runtime, RuntimeConfig
-from leyline_runtime.tokenizer import ChatTokenizer
+from leyline_runtime.text.tokenizer import ChatTokenizer
 from leyline_sdk.diff import apply_directives
 from leyline_sdk.protocol import Directive, SessionCreate, Span
 

@@ -7,7 +7,7 @@ import pytest
 from leyline_sdk.protocol import GenerateRequest, SessionCreate
 from leyline_runtime.model import DEFAULT_MODEL_DIR, seeded_model
 from leyline_runtime.runtime import Runtime, RuntimeConfig
-from leyline_runtime.tokenizer import ChatTokenizer
+from leyline_runtime.text.tokenizer import ChatTokenizer
 from leyline_training.evaluate import heldout_loss
 from leyline_training.tools import validate_call
 from leyline_training.transcripts import make_task

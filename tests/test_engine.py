@@ -5,7 +5,7 @@ import torch
 
 from leyline_sdk.errors import CapacityExceeded
 from leyline_sdk.protocol import GenerateRequest, SessionCreate
-from leyline_runtime.kv_cache import BlockPool, BlockTable, ensure_capacity
+from leyline_runtime.engine.kv_cache import BlockPool, BlockTable, ensure_capacity
 from leyline_runtime.runtime import Runtime, RuntimeConfig
 
 from helpers import agent_history, fp32_diff
@@ -86,7 +86,7 @@ def test_min_tokens_holds_back_the_end_of_the_message(rt):
 
 
 def test_a_stop_string_before_half_a_character_stops_at_its_token():
-    from leyline_runtime.generation import GenerationState
+    from leyline_runtime.engine.generation import GenerationState
     from leyline_sdk.protocol import SamplingParams
 
     pieces = [b"ab", b"STOP\xe6", b"\x97\xa5"]  # token 1 ends with the first byte of a character

@@ -7,7 +7,7 @@ from leyline_sdk.protocol import Directive, Span
 from leyline_bench.arms import jsd, run_arms
 from leyline_runtime.model import default_config, seeded_model
 from leyline_runtime.runtime import Runtime, RuntimeConfig
-from leyline_runtime.tokenizer import ChatTokenizer
+from leyline_runtime.text.tokenizer import ChatTokenizer
 from leyline_runtime.model.default import default_tokenizer_path
 
 from helpers import agent_history

@@ -166,3 +166,37 @@ def test_no_import_cycles():
 def test_typed_packages_ship_py_typed(package):
     # the libraries others import; leyline_bench and leyline_training are tools
     assert (PACKAGES[package] / "py.typed").is_file()
+
+
+def runtime_layers() -> dict[str, set[str]]:
+    """The "Inside leyline_runtime" table of docs/design.md: part -> parts it may import."""
+    section = DESIGN.read_text().split("## Inside leyline_runtime", 1)[1].split("\n## ", 1)[0]
+    layers = {}
+    for part, targets in re.findall(r"^\| `(\w+)/?` \|[^|]*\|([^|]*)\|", section, re.M):
+        layers[part] = set(re.findall(r"`(\w+|\*)`", targets))
+    return layers
+
+
+def runtime_part(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def test_the_runtime_layer_table_covers_every_part():
+    parts = {runtime_part(m) for m in graph() if m.startswith("leyline_runtime.")}
+    assert parts <= set(runtime_layers()), f"add {parts - set(runtime_layers())} to docs/design.md"
+
+
+def test_runtime_layers_import_downwards_only():
+    layers = runtime_layers()
+    wrong = []
+    for module, imports in graph().items():
+        if not module.startswith("leyline_runtime."):
+            continue
+        source = runtime_part(module)
+        for name, _ in imports:
+            if not name.startswith("leyline_runtime.") or runtime_part(name) == source:
+                continue
+            if "*" not in layers[source] and runtime_part(name) not in layers[source]:
+                wrong.append(f"{module} -> {name}")
+    assert wrong == []

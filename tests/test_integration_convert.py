@@ -21,7 +21,7 @@ from leyline_langchain import (
     tools_to_openai,
 )
 from leyline_langchain.pairing import placeholder_id
-from leyline_runtime import chat_template as tpl
+from leyline_runtime.text import chat_template as tpl
 from leyline_runtime.server.openai_schema import ChatCompletionRequest
 from leyline_runtime.server.prompt import tools_message as runtime_tools_message
 from leyline_sdk import FunctionCall, LeylineClient, LeylineMemory, Message, ToolCall, split_append

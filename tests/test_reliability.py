@@ -17,7 +17,7 @@ import torch
 from fastapi.testclient import TestClient
 from test_server_support import default_model_and_tokenizer, torch_threads
 
-from leyline_runtime import chat_template as tpl
+from leyline_runtime.text import chat_template as tpl
 from leyline_runtime import create_app
 from leyline_runtime.model import MLAConfig, seeded_model
 from leyline_runtime.runtime import DEFAULT_TENANT, Runtime, RuntimeConfig

@@ -16,10 +16,10 @@ from test_server_support import (
     user,
 )
 
-from leyline_runtime import chat_template as tpl
+from leyline_runtime.text import chat_template as tpl
 from leyline_runtime import create_app
-from leyline_runtime.engine import Generation
-from leyline_runtime.kv_cache import ensure_capacity
+from leyline_runtime.engine.engine import Generation
+from leyline_runtime.engine.kv_cache import ensure_capacity
 from leyline_sdk.tools_prompt import TOOLS_MESSAGE_ID
 from leyline_runtime.server.streaming import DeltaDecoder
 

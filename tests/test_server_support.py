@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from leyline_runtime.model import load_model
 from leyline_runtime.model.default import DEFAULT_MODEL_DIR
 from leyline_runtime.runtime import Runtime, RuntimeConfig
-from leyline_runtime.tokenizer import ChatTokenizer
+from leyline_runtime.text.tokenizer import ChatTokenizer
 
 
 @functools.cache

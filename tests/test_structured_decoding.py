@@ -15,9 +15,9 @@ import pytest
 from starlette.testclient import TestClient
 from test_server_support import make_runtime, sse_events, torch_threads, user
 
-from leyline_runtime import chat_template as tpl
+from leyline_runtime.text import chat_template as tpl
 from leyline_runtime import create_app
-from leyline_runtime.grammar import GrammarCompiler
+from leyline_runtime.engine.grammar import GrammarCompiler
 
 SEEDS = range(32)
 
@@ -226,7 +226,7 @@ def test_free_text_near_the_budget_is_not_closed(left):
     from leyline_runtime.model.default import default_tokenizer_path
     from leyline_runtime.server.constraints import request_grammar
     from leyline_runtime.server.openai_schema import DecodingFields
-    from leyline_runtime.tokenizer import ChatTokenizer
+    from leyline_runtime.text.tokenizer import ChatTokenizer
 
     tok = ChatTokenizer.from_file(default_tokenizer_path())
     grammar = request_grammar(DecodingFields(tools=UNSEEN_TOOLS, tool_choice="auto"))

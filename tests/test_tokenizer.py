@@ -5,7 +5,7 @@ import random
 import pytest
 
 from leyline_runtime.model import DEFAULT_MODEL_DIR
-from leyline_runtime.tokenizer import REPLACEMENT_CHAR, ChatTokenizer, IncrementalText
+from leyline_runtime.text.tokenizer import REPLACEMENT_CHAR, ChatTokenizer, IncrementalText
 
 TEXTS = ["café ✓ ok", "naïve 日本語のテキスト 🙂🚀 done", "emoji 👩‍👩‍👧 ZWJ, math ∑∫ and Ω", "plain ascii, digits 12345"]
 

@@ -8,9 +8,9 @@ import random
 import numpy as np
 import pytest
 
-from leyline_runtime import chat_template as tpl
+from leyline_runtime.text import chat_template as tpl
 from leyline_runtime.model.default import default_tokenizer_path
-from leyline_runtime.tokenizer import ChatTokenizer
+from leyline_runtime.text.tokenizer import ChatTokenizer
 from leyline_sdk.protocol import FunctionCall, Message, ToolCall
 from leyline_training import names as N
 from leyline_training.corpus import (

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from leyline_sdk import apply_directives
 from leyline_sdk.protocol import Directive, Message, Span
 
-from leyline_runtime.tokenizer import ChatTokenizer
+from leyline_runtime.text.tokenizer import ChatTokenizer
 from . import agent_text
 from .histories import PLACEHOLDER
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from leyline_sdk.protocol import Message
 
-from leyline_runtime.tokenizer import ChatTokenizer
+from leyline_runtime.text.tokenizer import ChatTokenizer
 
 PAD_WORD = " ok"  # one token after a space-splitting pre-tokenizer; checked, not assumed
 

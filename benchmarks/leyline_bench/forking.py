@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import uuid
 
-from leyline_runtime.kv_cache import BlockTable, ensure_capacity
+from leyline_runtime.engine.kv_cache import BlockTable, ensure_capacity
 from leyline_runtime.runtime import Runtime
-from leyline_runtime.session import Session
+from leyline_runtime.sessions.session import Session
 
 
 def fork_session(runtime: Runtime, session_id: str, tenant: str) -> str:

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from leyline_runtime.grammar import GrammarCompiler
+from leyline_runtime.engine.grammar import GrammarCompiler
 from leyline_runtime.runtime import Runtime, RuntimeConfig
 from leyline_runtime.server.constraints import plan_decoding
 from leyline_runtime.server.openai_schema import DecodingFields

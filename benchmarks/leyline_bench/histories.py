@@ -7,7 +7,7 @@ from itertools import accumulate
 
 from leyline_sdk.protocol import Directive, Message, Span
 
-from leyline_runtime.tokenizer import ChatTokenizer
+from leyline_runtime.text.tokenizer import ChatTokenizer
 from . import agent_text
 from .exact import grow
 

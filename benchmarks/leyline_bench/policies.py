@@ -34,9 +34,9 @@ import torch
 
 from leyline_sdk.protocol import Directive, DirectiveBatch, Message, SessionCreate
 
-from leyline_runtime.auto_mode import AutoConfig
-from leyline_runtime.drift import DriftState
-from leyline_runtime.kv_cache import BlockTable
+from leyline_runtime.directives.auto_mode import AutoConfig
+from leyline_runtime.sessions.drift import DriftState
+from leyline_runtime.engine.kv_cache import BlockTable
 from leyline_runtime.model.batch import BatchLayout, _clip
 from leyline_runtime.runtime import Runtime
 from .edit_sessions import EditSession

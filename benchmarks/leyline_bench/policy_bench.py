@@ -17,7 +17,7 @@ from leyline_sdk.protocol import Directive, Message
 
 from leyline_runtime.model.default import default_tokenizer_path
 from leyline_runtime.runtime import Runtime, RuntimeConfig
-from leyline_runtime.tokenizer import ChatTokenizer
+from leyline_runtime.text.tokenizer import ChatTokenizer
 from . import plots, stress_models
 from .edit_sessions import EditSession, Step, build_session
 from .machine import runtime_info

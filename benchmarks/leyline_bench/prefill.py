@@ -19,7 +19,7 @@ import gc
 
 import torch
 
-from leyline_runtime.kv_cache import BlockTable, ensure_capacity
+from leyline_runtime.engine.kv_cache import BlockTable, ensure_capacity
 from leyline_runtime.model import load_model
 from leyline_runtime.model.layers import CPU_GEMMS, set_cpu_gemm
 from leyline_runtime.runtime import Runtime, RuntimeConfig

@@ -23,7 +23,7 @@ import os
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from leyline_runtime.engine_stats import KINDS
+from leyline_runtime.engine.stats import KINDS
 from leyline_runtime.model.layers import CPU_GEMMS, set_cpu_gemm
 from leyline_runtime.runtime import RuntimeConfig
 from . import plots

@@ -27,7 +27,7 @@ from pathlib import Path
 from leyline_sdk.protocol import Message
 
 from leyline_runtime.model.default import default_tokenizer_path
-from leyline_runtime.tokenizer import ChatTokenizer
+from leyline_runtime.text.tokenizer import ChatTokenizer
 from . import agent_text
 from .histories import PLACEHOLDER
 from .workload import truncated

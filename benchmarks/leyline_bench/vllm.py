@@ -51,7 +51,7 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> dict:
-    from leyline_runtime.tokenizer import ChatTokenizer
+    from leyline_runtime.text.tokenizer import ChatTokenizer
 
     from .vllm_model import make_tiny_mla_checkpoint, runtime_tokenizer_file
     from .vllm_server import VllmServer, has_amx, vllm_on_cpu

@@ -15,7 +15,7 @@ import json
 import shutil
 from pathlib import Path
 
-# Renders like leyline_runtime.chat_template for messages without tools:
+# Renders like leyline_runtime.text.chat_template for messages without tools:
 # every message is header + content + end marker; the generation prompt is the
 # assistant header.
 CHAT_TEMPLATE = (

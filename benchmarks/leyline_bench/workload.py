@@ -29,7 +29,7 @@ from pathlib import Path
 from leyline_sdk.protocol import Directive, Message, Span
 
 from leyline_runtime.model.default import default_tokenizer_path
-from leyline_runtime.tokenizer import ChatTokenizer
+from leyline_runtime.text.tokenizer import ChatTokenizer
 from . import agent_text
 from .exact import grow, token_delta
 from .histories import PLACEHOLDER

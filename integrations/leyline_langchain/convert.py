@@ -56,7 +56,7 @@ __all__ = [
     "tools_to_openai",
 ]
 
-# The runtime's tool-call markers (leyline_runtime.chat_template); the SDK side
+# The runtime's tool-call markers (leyline_runtime.text.chat_template); the SDK side
 # may not import the runtime, so they are repeated here.
 
 _ROLES = {"human": "user", "user": "user", "ai": "assistant", "assistant": "assistant",

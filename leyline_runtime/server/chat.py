@@ -31,7 +31,7 @@ from leyline_sdk.protocol import (
     SessionCreate,
 )
 
-from ..grammar import GrammarCompiler
+from leyline_runtime.engine.grammar import GrammarCompiler
 from ..metrics import ServiceMetrics
 from ..runtime import Runtime
 from .constraints import Decoding, plan_decoding

@@ -31,9 +31,9 @@ from pydantic import ValidationError
 from leyline_sdk.errors import ValidationFailed
 from leyline_sdk.protocol import GenerateRequest
 
-from ..grammar import GrammarCompiler, GrammarError, TokenMask
-from ..sampling import LogitBias, LogitsProcessor, Penalties
-from ..tokenizer import ChatTokenizer
+from leyline_runtime.engine.grammar import GrammarCompiler, GrammarError, TokenMask
+from leyline_runtime.engine.sampling import LogitBias, LogitsProcessor, Penalties
+from leyline_runtime.text.tokenizer import ChatTokenizer
 from .errors import describe_validation
 from .openai_errors import OpenAIError, invalid_request
 from .openai_schema import DecodingFields, NamedToolChoice, ResponseFormatJsonSchema, Tool

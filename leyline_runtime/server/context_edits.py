@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from leyline_sdk.protocol import FunctionCall, Message, ToolCall
 
-from ..tokenizer import ChatTokenizer
+from leyline_runtime.text.tokenizer import ChatTokenizer
 from .openai_schema import AppliedEdit, ClearToolUses, ContextManagement
 
 PLACEHOLDER = "[tool result cleared]"

@@ -23,7 +23,7 @@ from starlette.types import ASGIApp, Message as ASGIMessage, Receive, Scope, Sen
 from leyline_sdk.errors import RequestTooLarge
 from leyline_sdk.protocol import Message
 
-from ..tokenizer import ChatTokenizer
+from leyline_runtime.text.tokenizer import ChatTokenizer
 from .errors import error_response
 from .openai_errors import OpenAIError, error_body
 

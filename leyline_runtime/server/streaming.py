@@ -7,12 +7,12 @@ content. Held back: an incomplete UTF-8 character, anything from the
 tool-call token on (tool calls go out whole at the end), and the last few
 characters that might still turn into a stop string. Text that merely spells
 the markup is content like any other. The text grows by
-:class:`~leyline_runtime.tokenizer.IncrementalText` (a short window per token).
+:class:`~leyline_runtime.text.tokenizer.IncrementalText` (a short window per token).
 """
 
 from __future__ import annotations
 
-from ..tokenizer import REPLACEMENT_CHAR, ChatTokenizer, IncrementalText
+from leyline_runtime.text.tokenizer import REPLACEMENT_CHAR, ChatTokenizer, IncrementalText
 
 
 class DeltaDecoder:

@@ -153,7 +153,7 @@ def test_benchmark_histories_in_api_layout_are_accepted(client):
     (the one message that may spell the call markers); inside a system prompt they are refused."""
     from leyline_bench.histories import history_of_length
     from leyline_bench.vllm import api_layout
-    from leyline_runtime.tokenizer import ChatTokenizer
+    from leyline_runtime.text.tokenizer import ChatTokenizer
     from leyline_bench.vllm_model import runtime_tokenizer_file
 
     history = history_of_length(ChatTokenizer.from_file(runtime_tokenizer_file()), 512)

@@ -32,9 +32,9 @@ import numpy as np
 
 from leyline_sdk.protocol import Message
 
-from leyline_runtime import chat_template as tpl
+from leyline_runtime.text import chat_template as tpl
 from leyline_runtime.model.default import DEFAULT_MODEL_DIR
-from leyline_runtime.tokenizer import ChatTokenizer
+from leyline_runtime.text.tokenizer import ChatTokenizer
 from .drills import ECHO_PROMPT, make_drill, make_script_drill
 from .transcripts import TaskMix, make_transcript
 

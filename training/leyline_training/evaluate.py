@@ -45,8 +45,8 @@ import torch.nn.functional as F
 
 from leyline_sdk.protocol import Message
 
-from leyline_runtime import chat_template as tpl
-from leyline_runtime.tokenizer import ChatTokenizer
+from leyline_runtime.text import chat_template as tpl
+from leyline_runtime.text.tokenizer import ChatTokenizer
 from .cli import EVALUATE_HELP, add_evaluate_arguments
 from .corpus import CLS_ASSISTANT, transcript_tokens
 from .custom_tools import make_custom_tool_task
@@ -251,7 +251,7 @@ class RuntimeGenerator:
         # constrained: the chat route's grammar (calls name offered tools, arguments match their schemas)
         self.grammars = None
         if constrained:
-            from leyline_runtime.grammar import GrammarCompiler
+            from leyline_runtime.engine.grammar import GrammarCompiler
 
             self.grammars = GrammarCompiler(runtime.tokenizer)
         self.session_id: str | None = None

@@ -24,9 +24,9 @@ from pathlib import Path
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from leyline_sdk.protocol import FunctionCall, Message, ToolCall
-from leyline_runtime import chat_template as tpl
+from leyline_runtime.text import chat_template as tpl
 from leyline_runtime.model.default import DEFAULT_MODEL_DIR
-from leyline_runtime.tokenizer import ChatTokenizer
+from leyline_runtime.text.tokenizer import ChatTokenizer
 from .corpus import rendered_documents
 
 DEFAULT_OUT = DEFAULT_MODEL_DIR / "tokenizer.json"

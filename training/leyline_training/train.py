@@ -46,7 +46,7 @@ from leyline_runtime.model import default_config, load_model, save_model, seeded
 from leyline_runtime.model.config import config_from_dict
 from leyline_runtime.model.deepseek import DeepseekForCausalLM
 from leyline_runtime.model.default import DEFAULT_MODEL_DIR
-from leyline_runtime.tokenizer import ChatTokenizer
+from leyline_runtime.text.tokenizer import ChatTokenizer
 from .cli import add_train_arguments
 from .corpus import DataMix, Packer, loss_weights
 from .evaluate import heldout_loss

@@ -21,7 +21,7 @@ import random
 import re
 from dataclasses import dataclass, field
 
-from leyline_runtime.chat_template import render_tools
+from leyline_runtime.text.chat_template import render_tools
 from leyline_sdk.protocol import Message
 from leyline_sdk.tools_prompt import tools_message
 

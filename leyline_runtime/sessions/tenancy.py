@@ -15,7 +15,7 @@ from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from .session import Session
+from leyline_runtime.sessions.session import Session
 
 
 @dataclass

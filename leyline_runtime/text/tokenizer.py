@@ -18,7 +18,7 @@ from tokenizers import Tokenizer
 from leyline_sdk.protocol import Message
 from leyline_sdk.tools_prompt import TOOLS_PREAMBLE
 
-from . import chat_template as tpl
+from leyline_runtime.text import chat_template as tpl
 
 
 class ChatTokenizer:

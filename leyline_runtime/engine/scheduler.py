@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from .sequence import Sequence, Status
+from leyline_runtime.engine.sequence import Sequence, Status
 
 Chunk = tuple[Sequence, int]  # a sequence and how many of its pending tokens run this step
 

@@ -14,8 +14,8 @@ from enum import Enum, auto
 
 import torch
 
-from .generation import GenerationState
-from .kv_cache import BlockTable
+from leyline_runtime.engine.generation import GenerationState
+from leyline_runtime.engine.kv_cache import BlockTable
 
 
 class Status(Enum):

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import llguidance
 import torch
 
-from .tokenizer import ChatTokenizer
+from leyline_runtime.text.tokenizer import ChatTokenizer
 
 CACHE_SIZE = 256
 CLOSING_WINDOW = 64  # the last tokens of a budget, where the closing estimate runs (a mask per walk step)

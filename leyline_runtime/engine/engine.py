@@ -23,14 +23,14 @@ import torch
 
 from leyline_sdk.protocol import SamplingParams
 
-from .engine_stats import EngineStats
-from .generation import Generation, GenerationState
-from .kv_cache import BlockPool, BlockTable, ensure_capacity
-from .model import DeepseekForCausalLM
-from .model_runner import ModelRunner
-from .sampling import LogitsProcessor
-from .scheduler import Chunk, Scheduler
-from .sequence import Sequence, Status
+from leyline_runtime.engine.stats import EngineStats
+from leyline_runtime.engine.generation import Generation, GenerationState
+from leyline_runtime.engine.kv_cache import BlockPool, BlockTable, ensure_capacity
+from leyline_runtime.model import DeepseekForCausalLM
+from leyline_runtime.engine.model_runner import ModelRunner
+from leyline_runtime.engine.sampling import LogitsProcessor
+from leyline_runtime.engine.scheduler import Chunk, Scheduler
+from leyline_runtime.engine.sequence import Sequence, Status
 
 __all__ = ["Engine", "Generation"]
 

@@ -23,13 +23,13 @@ import leyline_kernels as kernels
 from leyline_sdk.errors import InvalidDirective, InvalidSpan, OverlappingSpans
 from leyline_sdk.protocol import AutoDecision, Directive, DirectiveOutcome, Message
 
-from . import chat_template as tpl
-from .drift import DriftState
-from .engine import Engine
-from .kv_cache import BlockTable
-from .recompute import recompute_rows
-from .session import Session
-from .tokenizer import ChatTokenizer
+from leyline_runtime.text import chat_template as tpl
+from leyline_runtime.sessions.drift import DriftState
+from leyline_runtime.engine.engine import Engine
+from leyline_runtime.engine.kv_cache import BlockTable
+from leyline_runtime.directives.recompute import recompute_rows
+from leyline_runtime.sessions.session import Session
+from leyline_runtime.text.tokenizer import ChatTokenizer
 
 PREFILL = -1  # Plan.old_pos of a row that is computed, not moved
 

@@ -14,7 +14,7 @@ import torch
 
 from leyline_sdk.errors import CapacityExceeded
 
-from .model import CacheLayout
+from leyline_runtime.model import CacheLayout
 
 
 class BlockPool:

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import torch
 
-from .kv_cache import BlockPool
-from .model import DeepseekForCausalLM
-from .model.batch import BatchLayout, GatherScratch
-from .model.layers import invariant_products
-from .scheduler import Chunk
+from leyline_runtime.engine.kv_cache import BlockPool
+from leyline_runtime.model import DeepseekForCausalLM
+from leyline_runtime.model.batch import BatchLayout, GatherScratch
+from leyline_runtime.model.layers import invariant_products
+from leyline_runtime.engine.scheduler import Chunk
 
 
 class ModelRunner:

@@ -37,13 +37,13 @@ import torch
 
 from leyline_sdk.protocol import AutoDecision
 
-from .drift import DriftState
-from .engine import Engine
-from .executor import PREFILL, Plan, TokenEdit
-from .kv_cache import BlockTable
-from .model.batch import BatchLayout
-from .recompute import recompute_rows
-from .session import Session
+from leyline_runtime.sessions.drift import DriftState
+from leyline_runtime.engine.engine import Engine
+from leyline_runtime.directives.executor import PREFILL, Plan, TokenEdit
+from leyline_runtime.engine.kv_cache import BlockTable
+from leyline_runtime.model.batch import BatchLayout
+from leyline_runtime.directives.recompute import recompute_rows
+from leyline_runtime.sessions.session import Session
 
 
 @dataclass

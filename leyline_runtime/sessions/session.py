@@ -9,8 +9,8 @@ from itertools import accumulate
 
 from leyline_sdk.protocol import Message, Segment, SessionCounters, SessionInfo
 
-from .drift import DriftState
-from .kv_cache import BlockTable
+from leyline_runtime.sessions.drift import DriftState
+from leyline_runtime.engine.kv_cache import BlockTable
 
 
 @dataclass

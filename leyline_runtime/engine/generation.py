@@ -9,8 +9,8 @@ import torch
 
 from leyline_sdk.protocol import SamplingParams
 
-from .sampling import LogitsProcessor, SamplerState, sample_token
-from .tokenizer import IncrementalText
+from leyline_runtime.engine.sampling import LogitsProcessor, SamplerState, sample_token
+from leyline_runtime.text.tokenizer import IncrementalText
 
 
 @dataclass

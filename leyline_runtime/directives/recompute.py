@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from .engine import Engine
-from .kv_cache import BlockTable
+from leyline_runtime.engine.engine import Engine
+from leyline_runtime.engine.kv_cache import BlockTable
 
 
 def recompute_rows(engine: Engine, table: BlockTable, tokens: list[int], start: int, end: int,

@@ -1,0 +1,1 @@
+"""Sessions: a conversation's tokens and KV blocks, its drift record, and the per-tenant session table."""

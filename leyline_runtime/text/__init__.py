@@ -1,0 +1,1 @@
+"""Text: the tokenizer and the chat template (how messages become tokens, and back)."""
