@@ -155,3 +155,24 @@ def test_relative_links_resolve(document):
         relative = str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else target
         assert path.is_relative_to(ROOT), f"{document.name} links outside the repository: {target}"
         assert path.exists() or relative in LINKED_AHEAD, f"{document.name}: broken link {target}"
+
+
+def test_the_metrics_examples_show_every_series_they_grep_for():
+    """A grep over /metrics in the docs names only series its output (a tenant key's view) holds."""
+    checked = 0
+    for path in docs.CHECKED_FILES:
+        for block in re.findall(r"^```console\n(.*?)^```$", path.read_text(), re.S | re.M):
+            grep = re.search(r"/metrics .*grep -E '\^leyline_\(([^)]*)\)'", block)
+            if grep:
+                output = block.split("\n", 1)[1]
+                for name in grep[1].split("|"):
+                    assert re.search(rf"^leyline_{name}", output, re.M), f"{path.name}: no leyline_{name} series"
+                checked += 1
+    assert checked
+
+
+def test_no_document_names_a_fallback_no_flag_can_cause():
+    """``attention_sink`` needs ``sink_tokens`` > 0, which no serve flag sets (RuntimeConfig default 0)."""
+    serve_flags = options_of(cli_parser("leyline-runtime"), "serve")
+    if not any("sink" in flag for flag in serve_flags):
+        assert [d.name for d in DOCUMENTS if "attention_sink" in d.read_text()] == []
