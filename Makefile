@@ -43,7 +43,10 @@ install: $(DEV_STAMP)
 serve: $(RUNTIME_STAMP)
 	@echo "leyline-runtime is $(BIN)/leyline-runtime (serve, train, evaluate; add $(abspath $(BIN)) to PATH to call it by name)"
 	@echo "leyline-bench is $(BIN)/leyline-bench (after $(BIN)/pip install -e '.[bench]')"
-	$(BIN)/leyline-runtime serve --port $(PORT) $(ARGS)
+	@# Ctrl-C reaches the server and this shell alike; uvicorn shuts down, then re-raises the signal.
+	@# The no-op trap keeps the shell alive to turn that (130/143) into a clean exit: no "make: ***".
+	@trap : INT TERM; $(BIN)/leyline-runtime serve --port $(PORT) $(ARGS); status=$$?; \
+	  case $$status in 130|143) exit 0;; *) exit $$status;; esac
 
 # The README's test command: everything but the tests marked slow (~12 min budget on 2 busy cores).
 test: $(DEV_STAMP)
