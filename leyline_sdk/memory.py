@@ -15,8 +15,7 @@ refuses as invalid rebuilds the session.
 
 Pure pydantic + httpx like the rest of the SDK; it imports no adapter. The
 LangChain / LangGraph adapter builds itself from a memory
-(``leyline_langchain.create_agent(memory, ...)``, ``ChatLeyline.from_memory(memory)``,
-``LeylineMiddleware(memory)``).
+(``ChatLeyline.from_memory(memory)``) and finds a call's thread id itself.
 
 Calls on one thread are serialised (a lock per thread, held by sync and async
 calls alike), so ``batch``/``abatch`` or concurrent requests on one memory
