@@ -25,6 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "replay": ("replay", "replay agent traces: no cache / prefix cache / Leyline amortize / forget"),
     "serve": ("serve", "HTTP load: concurrent edit + generate sessions"),
     "chaos": ("chaos", "mixed valid and invalid load from many clients on a served runtime"),
+    "agent": ("agent", "LangGraph agents end to end: solve rate, tokens computed and wall time, with and without edits"),
     "vllm": ("vllm", "directives inside vllm serve with Leyline's plugins (needs .venv-vllm)"),
 }
 
