@@ -36,8 +36,8 @@ def add_parser(sub) -> None:
     p.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS), help="which arms to run")
     p.add_argument("--max-tokens", type=int, default=64, help="tokens per model reply")
     p.add_argument("--max-calls", type=int, default=8, help="model calls per task before it counts as unsolved")
-    p.set_defaults(run=run, quick_overrides={"tasks": 1, "start": 1, "arms": ["append", "edits-amortize"], "max_calls": 3,
-                                             "max_tokens": 32})
+    p.set_defaults(run=run, quick_overrides={"tasks": 1, "start": 1, "arms": ["append", "edits-amortize"],
+                                             "max_calls": 4})
 
 
 def wilson(successes: int, n: int, z: float = 1.959964) -> tuple[float | None, float | None]:
