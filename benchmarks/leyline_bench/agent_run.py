@@ -19,7 +19,7 @@ from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.messages import AIMessage, ToolMessage
 from langgraph.errors import GraphRecursionError
 
-from leyline_langchain import ChatLeyline, LeylineMiddleware
+from leyline_langchain import ChatLeyline
 from leyline_sdk import LeylineClient, LeylineMemory
 from leyline_sdk.policy import ModePolicy, auto_policy, default_policy, force_mode
 from leyline_training.transcripts import SYSTEM_PROMPT
@@ -71,9 +71,11 @@ def edit_middleware() -> list[AgentMiddleware]:
 
 def leyline_agent_model(memory: LeylineMemory, edits: list[AgentMiddleware],
                         max_tokens: int) -> tuple[ChatLeyline, list[AgentMiddleware]]:
-    """The agent's model and middleware stack: the one place the Leyline wiring lives."""
+    """The agent's model and middleware stack: the one place the Leyline wiring lives.
+
+    ChatLeyline is the innermost step, so it is shown (and syncs) the view after the edits."""
     model = ChatLeyline.from_memory(memory, max_tokens=max_tokens, temperature=0.0, streaming=True)
-    return model, [*edits, LeylineMiddleware(memory)]
+    return model, list(edits)
 
 
 class ModelTimer(BaseCallbackHandler):
