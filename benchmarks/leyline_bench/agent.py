@@ -31,7 +31,7 @@ NAME = "agent"
 
 def add_parser(sub) -> None:
     p = sub.add_parser(NAME)
-    p.add_argument("--tasks", type=int, default=40, help="held-out tasks per family (the same seeds in each)")
+    p.add_argument("--tasks", type=int, default=12, help="held-out tasks per family (the same seeds in each)")
     p.add_argument("--start", type=int, default=0, help="first task seed")
     p.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS), help="which arms to run")
     p.add_argument("--max-tokens", type=int, default=64, help="tokens per model reply")
