@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import os
 import random
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 from urllib.parse import quote
@@ -164,8 +164,9 @@ def append(
     )
 
 
-_GENERATE_OPTIONS = {k: v for k, v in GenerateRequest.model_fields.items()
-                     if k not in ("messages", "expected_version", "stream")}
+# Every sampling/decoding option the protocol defines, read from its model so no key list can drift;
+# the request fields (history, version, stream) are arguments of their own.
+GENERATE_OPTIONS = frozenset(GenerateRequest.model_fields) - {"messages", "expected_version", "stream"}
 
 
 def generate(
@@ -174,7 +175,7 @@ def generate(
     expected_version: int | None,
     sampling: Mapping[str, Any],
 ) -> Call[GenerateResponse]:
-    _reject_unknown("generate", sampling, _GENERATE_OPTIONS)
+    _reject_unknown("generate", sampling, GENERATE_OPTIONS)
     body = _validated(
         GenerateRequest,
         messages=list(messages or []),
@@ -406,7 +407,7 @@ def _session_path(session_id: str, suffix: str = "") -> str:
     return f"/sessions/{quote(session_id, safe='')}{suffix}"
 
 
-def _reject_unknown(method: str, kwargs: Mapping[str, Any], known: Mapping[str, Any]) -> None:
+def _reject_unknown(method: str, kwargs: Mapping[str, Any], known: Collection[str]) -> None:
     # A typo such as max_token=5 would otherwise be dropped silently by pydantic.
     for name in kwargs:
         if name not in known:

@@ -40,7 +40,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator, 
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
-from ._base import StreamEvent
+from ._base import GENERATE_OPTIONS, StreamEvent
 from .client import AsyncLeylineClient, LeylineClient
 from .diff import apply_directives, split_append
 from .errors import InvalidDirective, LeylineError, SessionNotFound, VersionConflict
@@ -63,9 +63,6 @@ __all__ = ["TOOLS_MESSAGE_ID", "CallStats", "EditRecord", "LeylineMemory", "Thre
 
 # Id of the system message that lists the tools (the runtime's /v1 path uses the same).
 
-SAMPLING_KEYS = frozenset(
-    {"max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "logprobs", "top_logprobs",
-     "tools", "tool_choice", "parallel_tool_calls", "response_format"})
 
 _SAFE_THREAD = re.compile(r"[A-Za-z0-9._:@-]{1,96}")
 _current_thread: contextvars.ContextVar[str | None] = contextvars.ContextVar(
@@ -773,7 +770,7 @@ class LeylineMemory:
 
 
 def _sampling(params: Mapping[str, Any]) -> dict[str, Any]:
-    unknown = set(params) - SAMPLING_KEYS
+    unknown = set(params) - GENERATE_OPTIONS
     if unknown:
         raise TypeError(f"unknown sampling parameters: {sorted(unknown)}")
     return {k: v for k, v in params.items() if v is not None}
