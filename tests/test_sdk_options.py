@@ -51,7 +51,7 @@ def test_unknown_option_is_a_type_error_not_dropped(client, method):  # noqa: F8
 
 
 def test_client_and_memory_share_one_option_list():
-    from leyline_sdk import _base, memory
+    from leyline_sdk import _calls, memory
 
-    assert _base.GENERATE_OPTIONS == frozenset(OPTIONS)
-    assert memory.GENERATE_OPTIONS is _base.GENERATE_OPTIONS
+    assert _calls.GENERATE_OPTIONS == frozenset(OPTIONS)
+    assert memory.GENERATE_OPTIONS is _calls.GENERATE_OPTIONS
