@@ -131,9 +131,11 @@ class LeylineClient(_ClientSettings):
         expected_version: int | None = None,
         **sampling: Any,
     ) -> Stream:
-        """:meth:`generate`, streamed: yields the text as it is generated (``str`` deltas that
-        add up to the message's content), then the :class:`GenerateResponse` (tool calls,
-        usage, version). An error before the first event raises as :meth:`generate` does."""
+        """:meth:`generate`, streamed: a :class:`Stream` of the text as it is generated (``str``
+        deltas that add up to the message's content), then the :class:`GenerateResponse` (tool
+        calls, usage, version). The request is sent when the stream is first iterated; an error
+        before the first event raises from the loop as :meth:`generate` raises it. Use it in a
+        ``with`` block (or ``close()`` it) to drop the connection before the end."""
         call = _calls.generate_stream(session_id, messages, expected_version, sampling)
         request = self._config.build_request(self._http, call)
         return Stream(lambda: self._retry.send(self._http, request, stream=True), self._config.base_url)
