@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from leyline_sdk.errors import (
-    CapacityExceeded, InvalidDirective, RequestTooLarge, SessionNotFound, VersionConflict,
+    CapacityExceeded, RequestTooLarge, SessionExists, SessionNotFound, VersionConflict,
 )
 from leyline_sdk.protocol import (
     AppendResult, DirectiveBatch, DirectiveResult, GenerateRequest, GenerateResponse, Message,
@@ -260,7 +260,7 @@ class Runtime:
 
     def _check_new(self, tenant: str, session_id: str) -> None:
         if (tenant, session_id) in self._sessions:
-            raise InvalidDirective(f"session {session_id} already exists")
+            raise SessionExists(f"session {session_id} already exists")
 
     def _encode_new(self, messages: list[Message]) -> list[list[int]]:
         new_tokens = self.tokenizer.encode_messages(messages)

@@ -37,10 +37,11 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator, 
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
-from ._base import StreamEvent
+from ._calls import GENERATE_OPTIONS
+from ._streaming import StreamEvent
 from .client import AsyncLeylineClient, LeylineClient
 from .diff import apply_directives, split_append
-from .errors import InvalidDirective, LeylineError, SessionNotFound, VersionConflict
+from .errors import InvalidDirective, LeylineError, SessionExists, SessionNotFound, VersionConflict
 from .policy import EditContext, ModePolicy, default_policy, explain_edit
 from .protocol import (
     AppendResult,
@@ -62,9 +63,6 @@ __all__ = ["TOOLS_MESSAGE_ID", "CallStats", "EditRecord", "LeylineMemory", "Thre
 
 # Id of the system message that lists the tools (the runtime's /v1 path uses the same).
 
-SAMPLING_KEYS = frozenset(
-    {"max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "logprobs", "top_logprobs",
-     "tools", "tool_choice", "parallel_tool_calls", "response_format"})
 
 
 Op = Literal["defer", "append", "generate"]
@@ -459,7 +457,7 @@ class LeylineMemory:
         p = th.pending
         view = [m if isinstance(m, Message) else Message.model_validate(m) for m in view_in]
         sent: list[Directive] = []
-        create_error: InvalidDirective | None = None
+        create_error: InvalidDirective | SessionExists | None = None
         for _ in range(self.max_attempts):
             if th.shadow is None and not th.missing:
                 try:  # known to the runtime but not to us (new process, conflict): adopt it
@@ -477,7 +475,7 @@ class LeylineMemory:
                 target = self._with_tools(view, None) if keep_tools else view
                 try:
                     info = yield _Req("create_session", (target,), {"session_id": th.session_id})
-                except InvalidDirective as exc:  # created meanwhile by someone else? adopt it
+                except (SessionExists, InvalidDirective) as exc:  # created meanwhile by someone else? adopt it
                     th.missing, create_error = False, exc
                     continue
                 th.shadow, th.version, th.missing = list(target), info.version, False
@@ -754,7 +752,7 @@ class LeylineMemory:
 
 
 def _sampling(params: Mapping[str, Any]) -> dict[str, Any]:
-    unknown = set(params) - SAMPLING_KEYS
+    unknown = set(params) - GENERATE_OPTIONS
     if unknown:
         raise TypeError(f"unknown sampling parameters: {sorted(unknown)}")
     return {k: v for k, v in params.items() if v is not None}

@@ -20,7 +20,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from leyline_sdk.diff import apply_directives, split_append
-from leyline_sdk.errors import CapacityExceeded, InvalidDirective, SessionNotFound, VersionConflict
+from leyline_sdk.errors import CapacityExceeded, InvalidDirective, SessionExists, SessionNotFound, VersionConflict
 from leyline_sdk.protocol import (
     AppendResult,
     Directive,
@@ -110,7 +110,7 @@ class LeylineService:
     async def create(self, body: SessionCreate) -> SessionInfo:
         sid = body.session_id or f"sess_{uuid.uuid4().hex[:16]}"
         if sid in self.sessions:
-            raise InvalidDirective(f"session {sid} already exists")
+            raise SessionExists(f"session {sid} already exists")
         session = VllmSession(sid)
         self.sessions[sid] = session
         async with session.lock:

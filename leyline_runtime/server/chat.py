@@ -22,7 +22,7 @@ from contextlib import suppress
 from dataclasses import dataclass, field
 
 from leyline_sdk.diff import split_append
-from leyline_sdk.errors import InvalidDirective, SessionNotFound, VersionConflict
+from leyline_sdk.errors import SessionExists, SessionNotFound, VersionConflict
 from leyline_sdk.protocol import (
     DirectiveBatch,
     DirectiveOutcome,
@@ -164,10 +164,8 @@ class ChatService:
                  tenant: str, on_token: OnToken) -> ChatTurn:
         try:
             info = self.runtime.create_session(SessionCreate(session_id=sid, messages=messages), tenant)
-        except InvalidDirective as exc:
-            if self.runtime.has_session(sid, tenant):  # created by a concurrent request
-                raise _Restart() from exc
-            raise
+        except SessionExists as exc:  # created by a concurrent request
+            raise _Restart() from exc
         try:
             gen = self.runtime.generate(sid, generate_request(request, expected_version=info.version), tenant,
                                         on_token=on_token,
