@@ -124,3 +124,45 @@ def test_dependent_fields_with_their_switch_are_accepted(client):
     streamed = client.post("/v1/chat/completions", json={"messages": HI, "max_tokens": 2, "stream": True,
                                                          "stream_options": {"include_usage": True}})
     assert streamed.status_code == 200 and '"usage"' in streamed.text
+
+
+def joined(entries: list[dict]) -> tuple[str, bytes]:
+    return "".join(e["token"] for e in entries), b"".join(bytes(e["bytes"]) for e in entries)
+
+
+@pytest.mark.parametrize("fields", [
+    {},  # ends on the end marker, which is not content
+    {"max_tokens": 5},  # ends on the budget
+    {"stop": [" "], "max_tokens": 24},  # a stop string cuts the text inside a token
+    {"messages": [{"role": "user", "content": "écris: déjà vu, naïve — ½ €"}], "max_tokens": 24},
+])
+def test_logprob_tokens_join_to_the_content(client, fields):
+    body = {"messages": [{"role": "user", "content": "count: 1 2 3 4"}], "max_tokens": 16, "temperature": 0,
+            "logprobs": True, "top_logprobs": 2, **fields}
+    choice = client.post("/v1/chat/completions", json=body).json()["choices"][0]
+    content, entries = choice["message"]["content"] or "", choice["logprobs"]["content"]
+    assert entries, choice
+    assert joined(entries) == (content, content.encode("utf-8")), (content, entries)
+    for entry in entries:
+        assert all(len(top["bytes"]) > 0 for top in entry["top_logprobs"])
+
+
+def test_streamed_logprobs_join_to_the_streamed_content(client):
+    body = {"messages": [{"role": "user", "content": "count: 1 2 3 4"}], "max_tokens": 16, "temperature": 0,
+            "logprobs": True, "stream": True}
+    chunks = [json.loads(line[6:]) for line in client.post("/v1/chat/completions", json=body).text.splitlines()
+              if line.startswith("data: {")]
+    content = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+    entries = [e for c in chunks if c["choices"] and c["choices"][0]["logprobs"]
+               for e in c["choices"][0]["logprobs"]["content"]]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"  # the end marker has no entry
+    assert joined(entries) == (content, content.encode("utf-8"))
+
+
+def test_a_token_that_splits_a_character_carries_its_bytes():
+    from test_server_support import default_model_and_tokenizer
+
+    _, tokenizer = default_model_and_tokenizer()
+    text = "déjà vu ½ € 漢字"
+    ids = tokenizer.encode(text)
+    assert b"".join(tokenizer.token_bytes(i) for i in ids) == text.encode("utf-8")
