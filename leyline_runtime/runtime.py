@@ -12,6 +12,7 @@ calls these methods from worker threads, off the event loop.
 
 from __future__ import annotations
 
+import codecs
 import threading
 import time
 import uuid
@@ -234,7 +235,7 @@ class Runtime:
             if any(isinstance(p, GrammarProcessor) and p.closing for p in processors or []):
                 finish = "length"  # the grammar closed the reply early: the budget ended it
             return GenerateResponse(session_id=session_id, message=message, finish_reason=finish, usage=usage,
-                                    logprobs=self._logprobs(gen) if request.logprobs else None,
+                                    logprobs=self._logprobs(gen, message.content) if request.logprobs else None,
                                     version=session.version)
 
     # -- internals -----------------------------------------------------------------
@@ -437,13 +438,28 @@ class Runtime:
             return message, [header, *gen.tokens]  # generated tokens are canonical
         return message, self.tokenizer.encode_message(message)
 
-    def _logprobs(self, gen: Generation) -> list[TokenLogprob]:
-        out = []
+    def _logprobs(self, gen: Generation, content: str) -> list[TokenLogprob]:
+        """One entry per token of ``content``, as at OpenAI: their texts join to it, their bytes to its UTF-8.
+
+        Markup (tool calls, the end marker) is not content and has no entry; a token that runs past a
+        stop string is cut where the content ends. A token holding only part of a character has
+        the text "" and its bytes; the token that completes the character carries it.
+        """
+        tokenizer = self.tokenizer
+        wanted = content.encode("utf-8")
+        text = codecs.getincrementaldecoder("utf-8")()
+        out, done, in_call = [], 0, False
         for tok, (lp, tops) in zip(gen.tokens, gen.logprobs):
-            text = self.tokenizer.token_text(tok)
+            if tok in (tokenizer.tool_call_id, tokenizer.end_tool_call_id):
+                in_call = tok == tokenizer.tool_call_id
+            if in_call or tok in tokenizer.control_ids:
+                continue
+            raw = tokenizer.token_bytes(tok)[:len(wanted) - done]
+            if not raw or wanted[done:done + len(raw)] != raw:
+                break  # the content ended (a stop string), or it is not these tokens' bytes
+            done += len(raw)
             out.append(TokenLogprob(
-                token=text, logprob=lp, bytes=list(text.encode("utf-8")),
-                top_logprobs=[TopLogprob(token=self.tokenizer.token_text(t), logprob=v,
-                                         bytes=list(self.tokenizer.token_text(t).encode("utf-8")))
+                token=text.decode(raw, final=done == len(wanted)), logprob=lp, bytes=list(raw),
+                top_logprobs=[TopLogprob(token=tokenizer.token_text(t), logprob=v, bytes=list(tokenizer.token_bytes(t)))
                               for t, v in tops]))
         return out

@@ -21,6 +21,7 @@ from leyline_sdk.errors import RequestTooLarge
 from leyline_sdk.protocol import (
     MAX_ID_LENGTH,
     SESSION_ID_PATTERN,
+    SESSION_ID_RULE,
     AppendRequest,
     AppendResult,
     DirectiveBatch,
@@ -59,7 +60,7 @@ RuntimeDep = Annotated[Runtime, Depends(runtime_of)]
 MetricsDep = Annotated[ServiceMetrics, Depends(metrics_of)]
 Tenant = Annotated[str, Depends(current_tenant)]
 SessionId = Annotated[str, Path(min_length=1, max_length=MAX_ID_LENGTH, pattern=SESSION_ID_PATTERN,
-                                 description="The session's id")]
+                                 description=f"The session's id: {SESSION_ID_RULE}")]
 BODY_ERRORS = (400, 408, 413)
 
 
