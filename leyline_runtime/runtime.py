@@ -24,11 +24,11 @@ from pathlib import Path
 import torch
 
 from leyline_sdk.errors import (
-    CapacityExceeded, InvalidDirective, RequestTooLarge, SessionNotFound, VersionConflict,
+    CapacityExceeded, InvalidDirective, RequestTooLarge, SessionNotFound,
 )
 from leyline_sdk.protocol import (
     AppendResult, DirectiveBatch, DirectiveResult, GenerateRequest, GenerateResponse, Message,
-    SessionCreate, SessionInfo, TokenLogprob, TopLogprob, Usage,
+    SessionCreate, SessionInfo, TokenLogprob, TopLogprob, Usage, check_version,
 )
 
 from leyline_runtime.text import chat_template as tpl
@@ -180,7 +180,7 @@ class Runtime:
     def append(self, session_id: str, messages: list[Message], tenant: str = DEFAULT_TENANT,
                expected_version: int | None = None) -> AppendResult:
         with self._hold(tenant, session_id) as session:
-            self._check_version(session, expected_version)
+            check_version(session.session_id, session.version, expected_version)
             cached = session.num_tokens
             prefilled, _ = self._append(session, messages)
             return AppendResult(
@@ -191,7 +191,7 @@ class Runtime:
     def apply(self, batch: DirectiveBatch, tenant: str = DEFAULT_TENANT, rotate: bool = True) -> DirectiveResult:
         with self._hold(tenant, batch.session_id) as session:
             t0 = time.perf_counter()
-            self._check_version(session, batch.expected_version)
+            check_version(session.session_id, session.version, batch.expected_version)
             plan = self.executor.plan(session, batch.directives)
             self._check_request_tokens(sum(len(toks) for e in plan.edits for toks in e.edit.tokens))
             self._check_positions(len(plan.tokens))
@@ -219,7 +219,7 @@ class Runtime:
         block (raising ends this generation and leaves the session as it was);
         ``processors`` (optional) constrain or bias the choice (see :mod:`.sampling`)."""
         with self._hold(tenant, session_id) as session:
-            self._check_version(session, request.expected_version)
+            check_version(session.session_id, session.version, request.expected_version)
             new_tokens = self._encode_new(request.messages)
             self._check_generation_fits(session.num_tokens + sum(map(len, new_tokens)), request.max_tokens)
             cached = session.num_tokens
@@ -247,12 +247,6 @@ class Runtime:
             raise SessionNotFound(f"session {session_id} not found{hint}")
         session.last_used = time.monotonic()
         return session
-
-    @staticmethod
-    def _check_version(session: Session, expected: int | None) -> None:
-        if expected is not None and expected != session.version:
-            raise VersionConflict(f"session {session.session_id} is at version {session.version}, "
-                                  f"not {expected}")
 
     def _check_positions(self, num_tokens: int) -> None:
         if num_tokens > self.max_positions:
