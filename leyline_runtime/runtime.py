@@ -23,11 +23,12 @@ from pathlib import Path
 
 import torch
 
+from leyline_sdk.diff import apply_directives
 from leyline_sdk.errors import (
     CapacityExceeded, InvalidDirective, RequestTooLarge, SessionNotFound,
 )
 from leyline_sdk.protocol import (
-    AppendResult, DirectiveBatch, DirectiveResult, GenerateRequest, GenerateResponse, Message,
+    AppendResult, Directive, DirectiveBatch, DirectiveResult, GenerateRequest, GenerateResponse, Message,
     SessionCreate, SessionInfo, TokenLogprob, TopLogprob, Usage, check_version,
 )
 
@@ -141,6 +142,13 @@ class Runtime:
         with self._lock:
             s = self._get(tenant, session_id)
             return list(s.messages), s.version
+
+    def relabel(self, session_id: str, tenant: str, renames: list[Directive]) -> None:
+        """Apply id-only edits (``BatchPlan.local``: replacements that render exactly like what they
+        replace) to the session's messages; no token changes, so neither rows nor the version do."""
+        if renames:
+            with self._hold(tenant, session_id) as session:
+                session.messages = apply_directives(session.messages, renames)
 
     def has_session(self, session_id: str, tenant: str = DEFAULT_TENANT) -> bool:
         return (tenant, session_id) in self._sessions

@@ -190,6 +190,8 @@ class LeylineService:
                     rebuilt = True
                 else:
                     tail = plan.tail
+                    # id-only edits render the same: new ids, no rows touched (as the SDK's shadow)
+                    session.messages = apply_directives(session.messages, plan.local)
                     if plan.directives:
                         batch = DirectiveBatch(session_id=sid, directives=plan.directives)
             body = sampling.model_copy(update={"messages": tail})

@@ -138,6 +138,7 @@ class ChatService:
         first_version = version
         plan = plan_chat_batch(old, messages, request)
         directives, tail = plan.directives, plan.tail
+        self.runtime.relabel(sid, tenant, plan.local)
         if plan.rebuild:
             prompt = sum(map(len, self.runtime.tokenizer.encode_messages(messages)))
             self.runtime.check_generation(prompt, generate_request(request).max_tokens, new_tokens=prompt)
@@ -183,6 +184,7 @@ class ChatService:
 def plan_chat_batch(old: list[Message], messages: list[Message], request: ChatCompletionRequest) -> BatchPlan:
     """The directive batch a bound chat request sends (the SDK's and the vLLM service's planner).
 
-    Id-only edits are not applied: the session keeps its own ids for messages
-    that render the same, and the next request's diff skips them again."""
+    Id-only edits (``plan.local``) are not sent as directives: the route gives
+    the session's messages their new ids (:meth:`Runtime.relabel`), as the SDK
+    renames them in its shadow, so the next diff aligns the same way."""
     return plan_batch(old, messages, mode=request.leyline.mode if request.leyline else "amortize")
