@@ -24,12 +24,13 @@ from pathlib import Path
 
 import torch
 
+from leyline_sdk.diff import apply_directives
 from leyline_sdk.errors import (
-    CapacityExceeded, RequestTooLarge, SessionExists, SessionNotFound, VersionConflict,
+    CapacityExceeded, RequestTooLarge, SessionExists, SessionNotFound,
 )
 from leyline_sdk.protocol import (
-    AppendResult, DirectiveBatch, DirectiveResult, GenerateRequest, GenerateResponse, Message,
-    SessionCreate, SessionInfo, TokenLogprob, TopLogprob, Usage,
+    AppendResult, Directive, DirectiveBatch, DirectiveResult, GenerateRequest, GenerateResponse, Message,
+    SessionCreate, SessionInfo, TokenLogprob, TopLogprob, Usage, check_version,
 )
 
 from leyline_runtime.text import chat_template as tpl
@@ -143,6 +144,13 @@ class Runtime:
             s = self._get(tenant, session_id)
             return list(s.messages), s.version
 
+    def relabel(self, session_id: str, tenant: str, renames: list[Directive]) -> None:
+        """Apply id-only edits (``BatchPlan.local``: replacements that render exactly like what they
+        replace) to the session's messages; no token changes, so neither rows nor the version do."""
+        if renames:
+            with self._hold(tenant, session_id) as session:
+                session.messages = apply_directives(session.messages, renames)
+
     def has_session(self, session_id: str, tenant: str = DEFAULT_TENANT) -> bool:
         return (tenant, session_id) in self._sessions
 
@@ -181,7 +189,7 @@ class Runtime:
     def append(self, session_id: str, messages: list[Message], tenant: str = DEFAULT_TENANT,
                expected_version: int | None = None) -> AppendResult:
         with self._hold(tenant, session_id) as session:
-            self._check_version(session, expected_version)
+            check_version(session.session_id, session.version, expected_version)
             cached = session.num_tokens
             prefilled, _ = self._append(session, messages)
             return AppendResult(
@@ -192,7 +200,7 @@ class Runtime:
     def apply(self, batch: DirectiveBatch, tenant: str = DEFAULT_TENANT, rotate: bool = True) -> DirectiveResult:
         with self._hold(tenant, batch.session_id) as session:
             t0 = time.perf_counter()
-            self._check_version(session, batch.expected_version)
+            check_version(session.session_id, session.version, batch.expected_version)
             plan = self.executor.plan(session, batch.directives)
             self._check_request_tokens(sum(len(toks) for e in plan.edits for toks in e.edit.tokens))
             self._check_positions(len(plan.tokens))
@@ -220,7 +228,7 @@ class Runtime:
         block (raising ends this generation and leaves the session as it was);
         ``processors`` (optional) constrain or bias the choice (see :mod:`.sampling`)."""
         with self._hold(tenant, session_id) as session:
-            self._check_version(session, request.expected_version)
+            check_version(session.session_id, session.version, request.expected_version)
             new_tokens = self._encode_new(request.messages)
             self._check_generation_fits(session.num_tokens + sum(map(len, new_tokens)), request.max_tokens)
             cached = session.num_tokens
@@ -248,12 +256,6 @@ class Runtime:
             raise SessionNotFound(f"session {session_id} not found{hint}")
         session.last_used = time.monotonic()
         return session
-
-    @staticmethod
-    def _check_version(session: Session, expected: int | None) -> None:
-        if expected is not None and expected != session.version:
-            raise VersionConflict(f"session {session.session_id} is at version {session.version}, "
-                                  f"not {expected}")
 
     def _check_positions(self, num_tokens: int) -> None:
         if num_tokens > self.max_positions:

@@ -4,7 +4,7 @@ An agent framework hands over the whole history it wants the model to see
 (the *view*) at every model call. ``LeylineMemory`` keeps, per thread, a
 *shadow* of what the runtime's session holds — the messages last sent plus the
 assistant messages the runtime generated — diffs each new view against it
-(:func:`~leyline_sdk.diff.split_append`), sends the edits as one directive
+(:func:`~leyline_sdk.batch_plan.plan_batch`), sends the edits as one directive
 batch (``expected_version`` guarded) and only the new messages after them.
 A warm session never receives its whole history again.
 
@@ -40,7 +40,8 @@ from typing import Any, Literal
 from ._calls import GENERATE_OPTIONS
 from ._streaming import StreamEvent
 from .client import AsyncLeylineClient, LeylineClient
-from .diff import apply_directives, split_append
+from .batch_plan import plan_batch
+from .diff import apply_directives
 from .errors import InvalidDirective, LeylineError, SessionExists, SessionNotFound, VersionConflict
 from .policy import EditContext, ModePolicy, default_policy, explain_edit
 from .protocol import (
@@ -55,7 +56,6 @@ from .protocol import (
     Message,
     Mode,
     SessionInfo,
-    Span,
 )
 from .tools_prompt import TOOLS_MESSAGE_ID
 
@@ -486,7 +486,13 @@ class LeylineMemory:
                     p.rebuilds += 1
                 th.built_once = True
             target = self._with_tools(view, th.shadow) if keep_tools else view
-            directives, local, tail = self._plan(th.shadow, target)
+            plan = plan_batch(th.shadow, target, policy=self.policy)
+            if plan.rebuild:  # too many edits for one batch: build the session afresh from the view
+                with contextlib.suppress(SessionNotFound):
+                    yield _Req("delete_session", (th.session_id,))
+                th.lost()
+                continue
+            directives, local, tail = plan.directives, plan.local, plan.tail
             if directives:
                 prefix_floor = 0
                 k = _common_prefix(th.shadow, target)
@@ -569,41 +575,6 @@ class LeylineMemory:
         if shadow and shadow[0].id == TOOLS_MESSAGE_ID:
             return [shadow[0], *view]
         return view
-
-    def _plan(self, old: list[Message], new: list[Message]) -> tuple[list[Directive], list[Directive], list[Message]]:
-        """``(directives to send, id-only changes, tail)``.
-
-        A replacement that renders exactly like what it replaces (only ids
-        differ) costs the runtime nothing and is applied to the shadow only.
-        Touching edits inside one tool unit become one directive.
-        """
-        directives, tail = split_append(old, new, policy=self.policy)
-        send: list[Directive] = []
-        local: list[Directive] = []
-        for d in directives:
-            before = [m.fingerprint() for m in old[d.span.start:d.span.end]]
-            after = [m.fingerprint() for m in d.replacement]  # type: ignore[union-attr]
-            (local if before == after else send).append(d)
-        return self._merge_units(old, send), local, tail
-
-    def _merge_units(self, old: list[Message], directives: list[Directive]) -> list[Directive]:
-        """Edit a tool call and its results as a unit: merge directives that touch inside one."""
-        merged: list[Directive] = []
-        for d in sorted(directives, key=lambda d: (d.span.start, d.span.end)):
-            prev = merged[-1] if merged else None
-            if (prev is not None and prev.span.end == d.span.start
-                    and prev.span.end > prev.span.start and d.span.end > d.span.start
-                    and _unit(old, prev.span.end - 1) is not None
-                    and _unit(old, prev.span.end - 1) == _unit(old, d.span.start)):
-                replacement = [*prev.replacement, *d.replacement]
-                edit = EditContext(old_messages=tuple(old[prev.span.start:d.span.end]),
-                                   new_messages=tuple(replacement), start=prev.span.start,
-                                   total_messages=len(old))
-                merged[-1] = Directive(span=Span(start=prev.span.start, end=d.span.end),
-                                       replacement=replacement, mode=self.policy(edit))
-            else:
-                merged.append(d)
-        return merged
 
     def _record(self, p: _Pending, old: list[Message], directives: list[Directive],
                 result: DirectiveResult, prefix_floor: int) -> None:
@@ -771,16 +742,4 @@ def _offset(info: SessionInfo, k: int) -> int:
     return info.num_tokens
 
 
-def _unit(messages: Sequence[Message], i: int) -> int | None:
-    """Index of the assistant message whose tool unit holds message ``i`` (or ``None``)."""
-    m = messages[i]
-    if m.role == "assistant" and m.tool_calls:
-        return i
-    if m.role != "tool":
-        return None
-    j = i
-    while j > 0 and messages[j].role == "tool":
-        j -= 1
-    opener = messages[j]
-    return j if opener.role == "assistant" and opener.tool_calls else None
 

@@ -12,6 +12,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from .errors import VersionConflict
+
 Role = Literal["system", "user", "assistant", "tool"]
 # "auto": the runtime chooses amortize, amortize + tail repair, or forget from a measured
 # drift signal (see DirectiveOutcome.auto).
@@ -27,6 +29,9 @@ SESSION_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$"
 SESSION_ID_RULE = "1-128 characters of A-Z a-z 0-9 . _ : @ -, starting with a letter or digit"
 # torch.Generator.manual_seed takes [-2**63, 2**64); outside that a seed cannot be honoured.
 MIN_SEED, MAX_SEED = -(2**63), 2**64 - 1
+# Directives one batch may carry; a history edit that needs more rebuilds the session
+# (leyline_sdk.batch_plan.plan_batch says so, for every caller alike).
+MAX_DIRECTIVES = 1024
 
 
 def _encodable(text: str) -> str:
@@ -161,7 +166,7 @@ class Directive(BaseModel):
 
 class DirectiveBatch(BaseModel):
     session_id: SessionId
-    directives: list[Directive] = Field(min_length=1, max_length=1024)
+    directives: list[Directive] = Field(min_length=1, max_length=MAX_DIRECTIVES)
     expected_version: int | None = Field(default=None, ge=0)
 
 
@@ -358,3 +363,9 @@ class ErrorDetail(BaseModel):
 
 class ErrorBody(BaseModel):
     error: ErrorDetail
+
+
+def check_version(session_id: str, version: int, expected: int | None) -> None:
+    """The ``expected_version`` guard every backend applies: a mismatch is a 409 :class:`VersionConflict`."""
+    if expected is not None and expected != version:
+        raise VersionConflict(f"session {session_id} is at version {version}, not {expected}")

@@ -8,7 +8,10 @@ the same tools again diffs clean. No torch: the SDK owns this contract.
 from __future__ import annotations
 
 import json
+import re
+import uuid
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from .protocol import FunctionCall, Message, ToolCall
@@ -18,6 +21,7 @@ END_TOOL_CALL = "<|end_tool_call|>"
 TOOLS_MESSAGE_ID = "leyline:tools"
 # The tools prompt's first two lines; the runtime encodes the brackets in them as
 # the real special tokens (everything else in any message is encoded as text).
+_TOOL_CALL_RE = re.compile(re.escape(TOOL_CALL) + r"(.*?)" + re.escape(END_TOOL_CALL), re.S)
 TOOLS_PREAMBLE = "# Tools\nCall a tool with " + TOOL_CALL + '{"name": ..., "arguments": {...}}' + END_TOOL_CALL
 
 
@@ -62,3 +66,40 @@ def parse_tool_call(payload: str, call_id: str) -> ToolCall | None:
     if not isinstance(arguments, str):
         arguments = json.dumps(arguments, ensure_ascii=False)
     return ToolCall(id=call_id, function=FunctionCall(name=obj["name"], arguments=arguments))
+
+
+@dataclass
+class ParsedAssistant:
+    content: str
+    tool_calls: list[ToolCall]
+    malformed: list[str]
+
+    def message(self) -> Message:
+        return Message(role="assistant", content=self.content, tool_calls=self.tool_calls or None)
+
+
+def parse_assistant(text: str, call_id_prefix: str | None = None) -> ParsedAssistant:
+    """Split generated assistant text into content and tool calls (the bundled runtime's and vLLM's).
+
+    A tool-call block that is not a JSON object with a string ``name`` is kept in
+    the content (and reported in ``malformed``) so nothing the model wrote is lost.
+    """
+    calls: list[ToolCall] = []
+    malformed: list[str] = []
+    content_parts: list[str] = []
+    cursor = 0
+    prefix = call_id_prefix or f"call_{uuid.uuid4().hex[:12]}"
+    for match in _TOOL_CALL_RE.finditer(text):
+        content_parts.append(text[cursor:match.start()])
+        cursor = match.end()
+        call = parse_tool_call(match.group(1), f"{prefix}_{len(calls)}")
+        if call is None:
+            malformed.append(match.group(1))
+            content_parts.append(match.group(0))
+        else:
+            calls.append(call)
+    tail = text[cursor:]
+    if TOOL_CALL in tail:  # an unterminated call (hit max_tokens or a stop)
+        malformed.append(tail[tail.index(TOOL_CALL) + len(TOOL_CALL):])
+    content_parts.append(tail)
+    return ParsedAssistant("".join(content_parts), calls, malformed)

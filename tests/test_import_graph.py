@@ -11,7 +11,10 @@ modules either. The one documented exception (``leyline_runtime.cli`` runs
 from __future__ import annotations
 
 import ast
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -102,6 +105,12 @@ def documented_directions() -> tuple[dict[str, set[str]], set[tuple[str, str]]]:
     return allowed, exceptions
 
 
+def torch_free_exceptions() -> set[tuple[str, str]]:
+    """``(package, module)``: the package may import that (torch-free) module and what it imports."""
+    section = DESIGN.read_text().split("## Import directions", 1)[1].split("\n## ", 1)[0]
+    return set(re.findall(r"^- torch-free exception: `(leyline_\w+)` → `([\w.]+)`", section, re.M))
+
+
 def test_the_design_doc_covers_every_package():
     allowed, _ = documented_directions()
     assert set(PACKAGES) <= set(allowed), f"add {set(PACKAGES) - set(allowed)} to docs/design.md"
@@ -110,6 +119,7 @@ def test_the_design_doc_covers_every_package():
 
 def test_imports_flow_as_documented():
     allowed, exceptions = documented_directions()
+    torch_free = torch_free_exceptions()
     wrong = []
     for module, imports in graph().items():
         source = module.split(".")[0]
@@ -118,6 +128,8 @@ def test_imports_flow_as_documented():
             if target == source or "*" in allowed[source] or target in allowed[source]:
                 continue
             if (module, target) in exceptions and not eager:
+                continue
+            if any(p == source and (name == m or name.startswith(m + ".")) for p, m in torch_free):
                 continue
             wrong.append(f"{module} -> {name}{'' if eager else ' (in a function)'}")
     assert wrong == []
@@ -130,6 +142,25 @@ def test_documented_exceptions_exist_and_stay_lazy():
         uses = [eager for name, eager in edges[module] if name.split(".")[0] == target]
         assert uses, f"docs/design.md lists {module} -> {target}, which the code no longer has: drop it"
         assert not any(uses), f"{module} must import {target} inside functions only"
+
+
+def test_torch_free_exceptions_stay_torch_free():
+    """What another package may import of ours under a torch-free exception imports only FastAPI,
+    leyline_sdk and itself: no torch, and none of the rest of its package."""
+    exceptions = torch_free_exceptions()
+    assert exceptions, "docs/design.md lists no torch-free exception: drop this test"
+    for _, allowed_module in exceptions:
+        code = (f"import sys, {allowed_module}, pkgutil, importlib\n"
+                f"for m in pkgutil.walk_packages({allowed_module}.__path__, '{allowed_module}.'):\n"
+                f"    importlib.import_module(m.name)\n"
+                f"top = '{allowed_module}'.split('.')[0]\n"
+                f"bad = [m for m in sys.modules if m == 'torch' or (m.startswith(top + '.') and m != top\n"
+                f"       and not (m == '{allowed_module}' or m.startswith('{allowed_module}.'))\n"
+                f"       and m != top + '.extras')]\n"
+                f"print(bad); sys.exit(1 if bad else 0)")
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              env={**os.environ, "PYTHONPATH": os.pathsep.join(map(str, SOURCE_ROOTS))})
+        assert done.returncode == 0, f"{allowed_module} loads {done.stdout or done.stderr}"
 
 
 def test_no_import_cycles():

@@ -23,6 +23,7 @@ from leyline_runtime.text import chat_template as tpl
 from leyline_runtime.server.openai_schema import ChatCompletionRequest
 from leyline_runtime.server.prompt import tools_message as runtime_tools_message
 from leyline_sdk import FunctionCall, LeylineClient, LeylineMemory, Message, ToolCall, split_append
+from leyline_sdk.batch_plan import plan_batch
 
 
 def ai_call(msg_id: str, call_id: str, name: str, args: dict) -> AIMessage:
@@ -122,7 +123,8 @@ def test_clear_tool_uses_edits_are_amortized_as_units():
         new = to_leyline_messages(edited)
         raw, tail = split_append(old, new)
         assert tail == [] and len(raw) == (4 if inputs else 2)
-        directives, local, _ = memory._plan(old, new)
+        plan = plan_batch(old, new, policy=memory.policy)
+        directives, local = plan.directives, plan.local
         assert not local and len(directives) == expected
         assert all(d.mode == "amortize" for d in directives)
         if inputs:  # [call, result] edited together

@@ -1,12 +1,13 @@
 """``vllm.endpoint_plugins`` entry: Leyline's REST surface for sessions on ``vllm serve``.
 
-Same paths and JSON as the bundled runtime (the SDK's protocol models), so
+The session routes are the bundled runtime's own (``leyline_runtime.api.sessions``,
+torch-free, served here by :class:`VllmSessions`), so
 ``leyline_sdk.LeylineClient`` / ``LeylineMemory`` work unchanged:
 ``/sessions`` (create, list, get, delete, ``/messages``, ``/generate``),
 ``POST /directives``, ``GET /healthz``, and ``POST /v1/chat/completions``
 bound to a session (``session_id`` in the body or ``X-Leyline-Session``):
-the history is diffed against the session's (``leyline_sdk.diff.split_append``),
-the edits applied as one directive batch, then the reply generated, with
+the batch is planned against the session's history (``leyline_sdk.batch_plan``,
+as the SDK and the bundled runtime plan it), applied, then the reply generated, with
 ``usage.prompt_tokens_details.cached_tokens`` and the ``leyline`` report.
 A chat request without a session goes to vLLM's own handler unchanged.
 """
@@ -14,7 +15,6 @@ A chat request without a session goes to vLLM's own handler unchanged.
 from __future__ import annotations
 
 import base64
-import functools
 import json
 import os
 import time
@@ -22,21 +22,25 @@ import uuid
 from typing import Any, Literal
 
 from fastapi import APIRouter, FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from leyline_runtime.api.errors import LeylineErrorRoute
+from leyline_runtime.api.sessions import build_session_router
 from leyline_sdk.errors import LeylineError, ValidationFailed
 from leyline_sdk.protocol import (
     MAX_ID_LENGTH,
     AppendRequest,
+    AppendResult,
     DirectiveBatch,
+    DirectiveResult,
     GenerateRequest,
     GenerateResponse,
     Message,
     Mode,
     SessionCreate,
-    SessionList,
+    SessionInfo,
 )
 from leyline_sdk.tools_prompt import TOOL_CALL, tools_message
 
@@ -76,10 +80,6 @@ class BoundChatRequest(BaseModel):
     tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
 
 
-def _error(exc: LeylineError) -> JSONResponse:
-    return JSONResponse(exc.to_body(), status_code=exc.status_code or 500)
-
-
 def _events_in_one_piece(response: GenerateResponse) -> list[str]:
     """A streamed generate's events (``delta``, then ``done``), sent once the reply is whole."""
     events = [{"type": "delta", "content": response.message.content}] if response.message.content else []
@@ -115,69 +115,51 @@ def _check_id(sid: str) -> str:
     return sid
 
 
-def build_router(original_chat: APIRoute | None) -> APIRouter:
-    router = APIRouter(tags=["leyline"])
+class VllmSessions:
+    """:class:`~leyline_runtime.api.sessions.SessionBackend` over the plugin's :class:`LeylineService`
+    (one tenant: ``vllm serve`` has its own API-key check)."""
 
-    def handle(fn):
-        @functools.wraps(fn)  # FastAPI reads the path parameters from fn's signature
-        async def wrapper(request: Request, **kwargs):
-            try:
-                return await fn(request, **kwargs)
-            except LeylineError as exc:
-                return _error(exc)
-        return wrapper
+    def __init__(self, request: Request) -> None:
+        self.service = _service(request)
 
-    @router.post("/sessions", status_code=201, summary="Create a session (optionally with messages, prefilled now)")
-    @handle
-    async def create_session(request: Request):
-        body = _parse(SessionCreate, await _body(request) or {})
-        info = await _service(request).create(body)
-        return JSONResponse(info.model_dump(mode="json"), status_code=201)
+    async def create_session(self, request: Request, body: SessionCreate, tenant: str) -> SessionInfo:
+        return await self.service.create(body)
 
-    @router.get("/sessions", summary="List sessions")
-    @handle
-    async def list_sessions(request: Request):
-        service = _service(request)
-        return SessionList(sessions=[service.info(s) for s in list(service.sessions.values())]).model_dump(mode="json")
+    async def list_sessions(self, request: Request, tenant: str) -> list[SessionInfo]:
+        return [self.service.info(s) for s in list(self.service.sessions.values())]
 
-    @router.get("/sessions/{session_id}", summary="Inspect a session")
-    @handle
-    async def get_session(request: Request, session_id: str):
-        service = _service(request)
-        include = request.query_params.get("include_messages", "false").lower() in ("1", "true", "yes")
-        return service.info(service.get(_check_id(session_id)), include).model_dump(mode="json")
+    async def get_session(self, request: Request, session_id: str, tenant: str,
+                          include_messages: bool) -> SessionInfo:
+        return self.service.info(self.service.get(session_id), include_messages)
 
-    @router.delete("/sessions/{session_id}", status_code=204, summary="Drop a session and its saved rows")
-    @handle
-    async def delete_session(request: Request, session_id: str):
-        await _service(request).delete(_check_id(session_id))
-        return Response(status_code=204)
+    async def delete_session(self, request: Request, session_id: str, tenant: str) -> None:
+        await self.service.delete(session_id)
 
-    @router.post("/sessions/{session_id}/messages", summary="Append messages (prefills only them)")
-    @handle
-    async def append_messages(request: Request, session_id: str):
-        body = _parse(AppendRequest, await _body(request))
-        result = await _service(request).append(_check_id(session_id), body.messages, body.expected_version)
-        return result.model_dump(mode="json")
+    async def append(self, request: Request, session_id: str, body: AppendRequest, tenant: str) -> AppendResult:
+        return await self.service.append(session_id, body.messages, body.expected_version)
 
-    @router.post("/sessions/{session_id}/generate", summary="Optionally append, then generate an assistant message")
-    @handle
-    async def generate(request: Request, session_id: str):
-        body = _parse(GenerateRequest, await _body(request) or {})
-        response = await _service(request).generate(_check_id(session_id), body)
+    async def generate(self, request: Request, session_id: str, body: GenerateRequest,
+                       tenant: str) -> GenerateResponse | Response:
+        response = await self.service.generate(session_id, body)
         if body.stream:  # the runtime's event stream, in one piece: this plugin does not stream tokens
             return StreamingResponse(iter(_events_in_one_piece(response)), media_type="text/event-stream")
-        return response.model_dump(mode="json")
+        return response
 
-    @router.post("/directives", tags=["directives"], summary="Apply one atomic batch of directives to a session")
-    @handle
-    async def apply_directives(request: Request):
-        batch = _parse(DirectiveBatch, await _body(request))
-        return (await _service(request).apply(batch)).model_dump(mode="json")
+    async def apply(self, request: Request, batch: DirectiveBatch, tenant: str) -> DirectiveResult:
+        return await self.service.apply(batch)
+
+
+def _one_tenant() -> str:
+    return "default"
+
+
+def build_router(original_chat: APIRoute | None) -> APIRouter:
+    """The shared session routes (leyline_runtime.api.sessions) and the plugin's own: health, bound chat."""
+    router = APIRouter(tags=["leyline"], route_class=LeylineErrorRoute)
+    router.include_router(build_session_router(VllmSessions, _one_tenant))
 
     if os.environ.get(DEBUG_ROUTES_ENV) == "1":
         @router.get("/leyline/debug/sessions/{session_id}/rows", include_in_schema=False)
-        @handle
         async def session_rows(request: Request, session_id: str):
             layer = int(request.query_params.get("layer", "0"))
             rows = await _service(request).snapshot_rows(_check_id(session_id), layer)
@@ -186,23 +168,19 @@ def build_router(original_chat: APIRoute | None) -> APIRouter:
             return {"shape": rows["shape"], "dtype": rows["dtype"], "data": base64.b64encode(rows["data"]).decode()}
 
     @router.get("/healthz", summary="Health")
-    @handle
     async def healthz(request: Request):
         return {"status": "ok", "model": _service(request).model_name}
 
     @router.post("/v1/chat/completions", summary="OpenAI chat completions; bound to a session, edits become directives")
     async def chat_completions(request: Request):
-        try:
-            raw = await _body(request)
-            header = request.headers.get(SESSION_HEADER)
-            bound = isinstance(raw, dict) and (raw.get("session_id") is not None or header)
-            if not bound:
-                return await _delegate(original_chat, request, raw)
-            body = _parse(BoundChatRequest, raw)
-            sid = body.session_id or _check_id(header)
-            return await _bound_chat(_service(request), body, sid)
-        except LeylineError as exc:
-            return _error(exc)
+        raw = await _body(request)
+        header = request.headers.get(SESSION_HEADER)
+        bound = isinstance(raw, dict) and (raw.get("session_id") is not None or header)
+        if not bound:
+            return await _delegate(original_chat, request, raw)
+        body = _parse(BoundChatRequest, raw)
+        sid = body.session_id or _check_id(header)
+        return await _bound_chat(_service(request), body, sid)
 
     return router
 

@@ -19,8 +19,10 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from leyline_sdk.diff import apply_directives, split_append
-from leyline_sdk.errors import CapacityExceeded, InvalidDirective, SessionExists, SessionNotFound, VersionConflict
+from leyline_sdk.batch_plan import BatchPlan, plan_batch
+from leyline_sdk.diff import apply_directives
+from leyline_sdk.errors import CapacityExceeded, InvalidDirective, SessionExists, SessionNotFound
+from leyline_sdk.tools_prompt import parse_assistant
 from leyline_sdk.protocol import (
     AppendResult,
     Directive,
@@ -38,15 +40,15 @@ from leyline_sdk.protocol import (
     TokenLogprob,
     TopLogprob,
     Usage,
+    check_version,
 )
 
 from .engine import EngineResult, run_prompt
 from .plan import RowCopy, Snapshot, TurnPlan, plan_turn
 from .request_params import request_params
-from .template import ChatRenderer, parse_assistant
+from .template import ChatRenderer
 
 ONE_TOKEN = {"max_tokens": 1, "temperature": 0.0}
-MAX_DIRECTIVES = 1024  # DirectiveBatch's limit
 
 
 @dataclass
@@ -147,7 +149,7 @@ class LeylineService:
     async def append(self, sid: str, messages: list[Message], expected_version: int | None) -> AppendResult:
         session = self.get(sid)
         async with session.lock:
-            _check_version(session, expected_version)
+            check_version(session.session_id, session.version, expected_version)
             sync = await self._append(session, messages)
             n = sync.last.prompt_len
             return AppendResult(session_id=sid, version=session.version, num_tokens=n,
@@ -158,14 +160,14 @@ class LeylineService:
     async def generate(self, sid: str, body: GenerateRequest) -> GenerateResponse:
         session = self.get(sid)
         async with session.lock:
-            _check_version(session, body.expected_version)
+            check_version(session.session_id, session.version, body.expected_version)
             response, _, _ = await self._generate(session, body)
             return response
 
     async def apply(self, batch: DirectiveBatch) -> DirectiveResult:
         session = self.get(batch.session_id)
         async with session.lock:
-            _check_version(session, batch.expected_version)
+            check_version(session.session_id, session.version, batch.expected_version)
             return await self._apply(session, batch)
 
     async def chat(self, sid: str, messages: list[Message], mode: Mode, sampling: GenerateRequest) -> ChatTurn:
@@ -182,14 +184,26 @@ class LeylineService:
         async with session.lock:
             batch, tail = None, list(messages)
             if not rebuilt:
-                directives, tail = split_append(session.messages, messages, mode=mode)
-                if len(directives) > MAX_DIRECTIVES:
-                    raise InvalidDirective(f"{len(directives)} edits in one request; the limit is {MAX_DIRECTIVES}")
-                if directives:
-                    batch = DirectiveBatch(session_id=sid, directives=directives)
+                plan = plan_chat_batch(session.messages, messages, mode)
+                if plan.rebuild:  # too many edits for one batch: the history starts afresh from the request
+                    await self._reset(session)
+                    rebuilt = True
+                else:
+                    tail = plan.tail
+                    # id-only edits render the same: new ids, no rows touched (as the SDK's shadow)
+                    session.messages = apply_directives(session.messages, plan.local)
+                    if plan.directives:
+                        batch = DirectiveBatch(session_id=sid, directives=plan.directives)
             body = sampling.model_copy(update={"messages": tail})
             response, _, outcomes = await self._generate(session, body, edits=batch)
         return ChatTurn(response, outcomes, len(tail), rebuilt)
+
+    async def _reset(self, session: VllmSession) -> None:
+        """Empty the session (its saved rows dropped); the caller holds its lock."""
+        if session.snapshot:
+            await self._drop([session.snapshot.key])
+        session.snapshot, session.messages = None, []
+        session.version += 1
 
     # -- the steps (callers hold the session's lock) ------------------------------------------
 
@@ -232,7 +246,7 @@ class LeylineService:
             session.counters.reused_tokens += sync.reused
             session.counters.rotated_tokens += sync.rotated
             session.counters.recomputed_tokens += sync.computed - generation_computed
-        message = parse_assistant(result.text, call_id_prefix=f"call_{session.session_id[-8:]}_{session.version}")
+        message = parse_assistant(result.text, call_id_prefix=f"call_{session.session_id[-8:]}_{session.version}").message()
         session.messages = history + [message]
         session.version += 1
         session.counters.prefilled_tokens += generation_computed
@@ -328,6 +342,11 @@ class LeylineService:
         return ids, bounds
 
 
+def plan_chat_batch(old: list[Message], messages: list[Message], mode: Mode) -> BatchPlan:
+    """The directive batch a session-bound chat request sends (the SDK's and the bundled runtime's planner)."""
+    return plan_batch(old, messages, mode=mode)
+
+
 def _account(plan: TurnPlan, results: list[EngineResult]) -> Sync:
     sync = Sync(results, plan)
     fallbacks = [r.report.fallback for r in results if r.report.fallback]
@@ -394,11 +413,6 @@ def _edited(messages: list[Message], batch: DirectiveBatch) -> list[Message]:
         if d.span.unit != "message":
             raise InvalidDirective(f"directive {i}: token spans are not supported on vLLM; use message spans")
     return apply_directives(messages, batch.directives)  # validates spans, overlaps
-
-
-def _check_version(session: VllmSession, expected: int | None) -> None:
-    if expected is not None and expected != session.version:
-        raise VersionConflict(f"session {session.session_id} is at version {session.version}, not {expected}")
 
 
 def _sampling(body: GenerateRequest, max_tokens: int) -> dict:

@@ -12,13 +12,11 @@ from __future__ import annotations
 
 import bisect
 import json
-import re
-import uuid
 from collections.abc import Sequence
 
 from leyline_sdk.errors import ValidationFailed
 from leyline_sdk.protocol import Message, ToolCall
-from leyline_sdk.tools_prompt import END_TOOL_CALL, TOOL_CALL, TOOLS_MESSAGE_ID, TOOLS_PREAMBLE, parse_tool_call
+from leyline_sdk.tools_prompt import END_TOOL_CALL, TOOL_CALL, TOOLS_MESSAGE_ID, TOOLS_PREAMBLE
 
 
 def render_tool_call(call: ToolCall) -> str:
@@ -95,23 +93,3 @@ class ChatRenderer:
         """Token range of every message: where the rendered text of each prefix of the history ends."""
         _, ends = self.encode(messages, bounds_at=range(1, len(messages) + 1))
         return list(zip([0, *ends[:-1]], ends))
-
-
-_CALL_RE = re.compile(re.escape(TOOL_CALL) + r"(.*?)" + re.escape(END_TOOL_CALL), re.S)
-
-
-def parse_assistant(text: str, call_id_prefix: str | None = None) -> Message:
-    """Generated text -> assistant message; well-formed tool-call blocks become tool calls."""
-    prefix = call_id_prefix or f"call_{uuid.uuid4().hex[:12]}"
-    calls, parts, cursor = [], [], 0
-    for match in _CALL_RE.finditer(text):
-        parts.append(text[cursor:match.start()])
-        cursor = match.end()
-        call = parse_tool_call(match.group(1), f"{prefix}_{len(calls)}")
-        if call is None:
-            parts.append(match.group(0))  # malformed: keep what the model wrote
-        else:
-            calls.append(call)
-    parts.append(text[cursor:])
-    return Message(role="assistant", content="".join(parts), tool_calls=calls or None)
-

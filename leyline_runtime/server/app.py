@@ -18,7 +18,7 @@ from . import routes_openai, routes_sessions, routes_system
 from .auth import ADMIN_KEYS_ENV, Authenticator, keys_from_env
 from .chat import ChatService
 from .durability import restore_sessions, save_sessions
-from .errors import install_error_handlers
+from ..api.errors import install_error_handlers
 from .limits import BodyGuard, Limits
 
 DESCRIPTION = """\

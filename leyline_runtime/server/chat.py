@@ -1,9 +1,10 @@
 """Chat completions against the runtime: stateless, or bound to a session.
 
 A bound request carries the whole history, as OpenAI clients do. The
-service diffs it against the session's messages (:func:`split_append`),
-applies the edits as one directive batch, appends the new tail and
-generates. An append-only request therefore reuses the whole cache; a
+service plans the batch against the session's messages
+(:func:`leyline_sdk.batch_plan.plan_batch`, the planner the SDK and the vLLM
+service use too), applies the edits as one directive batch, appends the new
+tail and generates. An append-only request therefore reuses the whole cache; a
 request for a session that does not exist (new, or evicted) builds it from
 the history it carries.
 
@@ -21,7 +22,7 @@ from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass, field
 
-from leyline_sdk.diff import split_append
+from leyline_sdk.batch_plan import BatchPlan, plan_batch
 from leyline_sdk.errors import SessionExists, SessionNotFound, VersionConflict
 from leyline_sdk.protocol import (
     DirectiveBatch,
@@ -41,7 +42,6 @@ from .openai_schema import AppliedEdit, ChatCompletionRequest
 from .prompt import generate_request, prompt_messages
 
 MAX_ATTEMPTS = 3
-MAX_DIRECTIVES = 1024  # DirectiveBatch's limit; a history edited more than that is rebuilt
 
 OnToken = Callable[[int], None]
 
@@ -136,9 +136,10 @@ class ChatService:
         except SessionNotFound:
             return self._rebuild(request, decoding, messages, sid, tenant, on_token)
         first_version = version
-        mode = request.leyline.mode if request.leyline else "amortize"
-        directives, tail = split_append(old, messages, mode=mode)
-        if len(directives) > MAX_DIRECTIVES:
+        plan = plan_chat_batch(old, messages, request)
+        directives, tail = plan.directives, plan.tail
+        self.runtime.relabel(sid, tenant, plan.local)
+        if plan.rebuild:
             prompt = sum(map(len, self.runtime.tokenizer.encode_messages(messages)))
             self.runtime.check_generation(prompt, generate_request(request).max_tokens, new_tokens=prompt)
             with suppress(SessionNotFound):
@@ -176,3 +177,12 @@ class ChatService:
             raise
         return ChatTurn(gen, sid, info.counters.prefilled_tokens + gen.usage.prefill_tokens, rebuilt=True,
                         appended=len(messages))
+
+
+def plan_chat_batch(old: list[Message], messages: list[Message], request: ChatCompletionRequest) -> BatchPlan:
+    """The directive batch a bound chat request sends (the SDK's and the vLLM service's planner).
+
+    Id-only edits (``plan.local``) are not sent as directives: the route gives
+    the session's messages their new ids (:meth:`Runtime.relabel`), as the SDK
+    renames them in its shadow, so the next diff aligns the same way."""
+    return plan_batch(old, messages, mode=request.leyline.mode if request.leyline else "amortize")

@@ -34,7 +34,7 @@ from leyline_sdk.protocol import GenerateRequest
 from leyline_runtime.engine.grammar import GrammarCompiler, GrammarError, TokenMask
 from leyline_runtime.engine.sampling import LogitBias, LogitsProcessor, Penalties
 from leyline_runtime.text.tokenizer import ChatTokenizer
-from .errors import describe_validation
+from ..api.errors import describe_validation
 from .openai_errors import OpenAIError, invalid_request
 from .openai_schema import DecodingFields, NamedToolChoice, ResponseFormatJsonSchema, Tool
 

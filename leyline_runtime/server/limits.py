@@ -24,7 +24,7 @@ from leyline_sdk.errors import RequestTooLarge
 from leyline_sdk.protocol import Message
 
 from leyline_runtime.text.tokenizer import ChatTokenizer
-from .errors import error_response
+from ..api.errors import error_response
 from .openai_errors import OpenAIError, error_body
 
 MIB = 2**20

@@ -22,8 +22,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from leyline_sdk.errors import LeylineError
 
-from .errors import validation_text
-from .json_body import content_type_problem
+from ..api.errors import validation_text
+from ..api.json_body import content_type_problem
 
 log = logging.getLogger("leyline.server")
 

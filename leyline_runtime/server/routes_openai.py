@@ -18,7 +18,7 @@ from leyline_sdk.protocol import SESSION_ID_PATTERN, SESSION_ID_RULE
 from ..runtime import Runtime
 from .chat import ChatService
 from .completion import CompletionIds, completion
-from .json_body import OrjsonRoute
+from ..api.json_body import OrjsonRoute
 from .openai_errors import OpenAIError, OpenAIRoute, openai_error_responses
 from .openai_schema import ChatCompletion, ChatCompletionRequest, ModelCard, ModelList
 from .prompt import stop_strings

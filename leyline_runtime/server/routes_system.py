@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Request, Response
 
 from ..metrics import CONTENT_TYPE
-from .errors import error_responses
+from ..api.errors import error_responses
 from .openai_schema import Health
 from .auth import Caller, current_caller
 from .routes_sessions import MetricsDep

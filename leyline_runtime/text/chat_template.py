@@ -15,13 +15,19 @@ not rendered: results follow their calls in order.
 from __future__ import annotations
 
 import json
-import re
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from leyline_sdk.protocol import Message, ToolCall
-from leyline_sdk.tools_prompt import END_TOOL_CALL, TOOL_CALL, parse_tool_call, render_tools  # noqa: F401 (part of the template)
+from leyline_sdk.tools_prompt import (  # noqa: F401 (part of the template)
+    END_TOOL_CALL,
+    TOOL_CALL,
+    ParsedAssistant,
+    parse_assistant,
+    parse_tool_call,
+    render_tools,
+)
 
 ROLE_TOKENS = {
     "system": "<|system|>",
@@ -33,9 +39,6 @@ END = "<|end|>"
 END_OF_TEXT = "<|endoftext|>"
 PAD = "<|pad|>"
 SPECIAL_TOKENS = [PAD, END_OF_TEXT, *ROLE_TOKENS.values(), END, TOOL_CALL, END_TOOL_CALL]
-
-_TOOL_CALL_RE = re.compile(re.escape(TOOL_CALL) + r"(.*?)" + re.escape(END_TOOL_CALL), re.S)
-
 
 def tool_call_payload(call: ToolCall) -> str:
     """The JSON between the tool-call brackets."""
@@ -68,40 +71,6 @@ def render_body(message: Message) -> str:
 
 def render_message(message: Message) -> str:
     return f"{ROLE_TOKENS[message.role]}{render_body(message)}{END}"
-
-
-@dataclass
-class ParsedAssistant:
-    content: str
-    tool_calls: list[ToolCall]
-    malformed: list[str]
-
-
-def parse_assistant(text: str, call_id_prefix: str | None = None) -> ParsedAssistant:
-    """Split generated assistant text into content and tool calls.
-
-    A tool-call block that is not a JSON object with a string ``name`` is kept in
-    the content (and reported in ``malformed``) so nothing the model wrote is lost.
-    """
-    calls: list[ToolCall] = []
-    malformed: list[str] = []
-    content_parts: list[str] = []
-    cursor = 0
-    prefix = call_id_prefix or f"call_{uuid.uuid4().hex[:12]}"
-    for match in _TOOL_CALL_RE.finditer(text):
-        content_parts.append(text[cursor:match.start()])
-        cursor = match.end()
-        call = parse_tool_call(match.group(1), f"{prefix}_{len(calls)}")
-        if call is None:
-            malformed.append(match.group(1))
-            content_parts.append(match.group(0))
-        else:
-            calls.append(call)
-    tail = text[cursor:]
-    if TOOL_CALL in tail:  # an unterminated call (hit max_tokens or a stop)
-        malformed.append(tail[tail.index(TOOL_CALL) + len(TOOL_CALL):])
-    content_parts.append(tail)
-    return ParsedAssistant("".join(content_parts), calls, malformed)
 
 
 def parse_assistant_tokens(ids: list[int], decode: Callable[[list[int]], str], tool_call_id: int,

@@ -6,16 +6,23 @@ same body (a 405 names every allowed method in ``Allow``), a body that is not
 JSON at all is 400 ``invalid_body``, and malformed input that slips past
 validation (a ``ValueError``, ``IndexError`` or ``UnicodeError`` deep in the
 runtime) is a 422, never a 500.
+
+Written once for every backend: the bundled app installs these as its
+exception handlers (:func:`install_error_handlers`), and the session routes
+map them themselves (:class:`LeylineErrorRoute`), so they answer the same
+body inside an app that is not ours (``vllm serve``).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Coroutine
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
@@ -127,11 +134,14 @@ async def _internal_error(request: Request, exc: Exception) -> JSONResponse:
     return error_response(500, "internal_error", "internal error")
 
 
+_BAD_INPUT = (ValueError, IndexError, OverflowError, RecursionError)
+
+
 def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(LeylineError, _leyline_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
-    for bad_input in (ValueError, IndexError, OverflowError, RecursionError):
+    for bad_input in _BAD_INPUT:
         app.add_exception_handler(bad_input, _bad_input)
     app.add_exception_handler(Exception, _internal_error)
 
@@ -146,6 +156,27 @@ def validation_text(err: dict[str, Any]) -> str:
     if loc and loc[-1] == "session_id" and err.get("type") in _SESSION_ID_ERRORS:
         return f"a session id is {SESSION_ID_RULE}"
     return str(err.get("msg", "invalid"))
+
+
+class LeylineErrorRoute(APIRoute):
+    """A route that answers its errors in Leyline's body itself (as the handlers above would)."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def mapped(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except LeylineError as exc:
+                return await _leyline_error(request, exc)
+            except RequestValidationError as exc:
+                return await _validation_error(request, exc)
+            except StarletteHTTPException as exc:
+                return await _http_error(request, exc)
+            except _BAD_INPUT as exc:
+                return await _bad_input(request, exc)
+
+        return mapped
 
 
 def describe_validation(errors: Any) -> str:
