@@ -18,7 +18,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -32,7 +32,8 @@ from leyline_sdk.protocol import (
 )
 
 from leyline_runtime.text import chat_template as tpl
-from leyline_runtime.directives.auto_mode import AutoConfig, AutoMode
+from leyline_runtime.config import RuntimeConfig
+from leyline_runtime.directives.auto_mode import AutoMode
 from leyline_runtime.sessions.drift import DriftState
 from leyline_runtime.engine.engine import Engine, Generation
 from leyline_runtime.directives.executor import DirectiveExecutor, Plan
@@ -46,25 +47,6 @@ from leyline_runtime.sessions.tenancy import Tenancy
 from leyline_runtime.text.tokenizer import ChatTokenizer
 
 DEFAULT_TENANT = "default"
-
-
-@dataclass
-class RuntimeConfig:
-    model_path: str | None = None  # None: the embedded default model
-    dtype: str = "float32"
-    device: str = "cpu"
-    max_cache_tokens: int = 65536
-    block_size: int = 16
-    prefill_chunk: int = 8192  # the most tokens one forward prefills (activation memory)
-    max_batched_tokens: int = 512  # tokens per step while sequences decode (prefill chunks share it)
-    max_num_seqs: int = 64  # generations decoding in one step
-    sink_tokens: int = 0
-    api_keys: list[str] = field(default_factory=list)
-    model_name: str = "leyline-default"
-    auto: AutoConfig = field(default_factory=AutoConfig)  # mode "auto" thresholds and the drift budget
-    max_request_tokens: int | None = None  # new tokens one request may add; None: the model's context
-    # A sequence's logits bit-equal alone or batched (padded products, fixed prefill cuts; Engine)
-    batch_invariant: bool = False
 
 
 @dataclass
