@@ -38,7 +38,7 @@ from leyline_runtime.sessions.drift import DriftState
 from leyline_runtime.engine.engine import Engine, Generation
 from leyline_runtime.directives.executor import DirectiveExecutor, Plan
 from leyline_runtime.engine.grammar import GrammarProcessor
-from leyline_runtime.engine.kv_cache import BlockPool, BlockTable, ensure_capacity
+from leyline_runtime.engine.kv_cache import BlockPool, BlockTable
 from .model import DeepseekForCausalLM, load_model
 from .model.default import DEFAULT_MODEL_DIR
 from leyline_runtime.engine.sampling import LogitsProcessor
@@ -73,6 +73,7 @@ class Runtime:
                               dtype=self.model.dtype, device=config.device)
         self.engine = Engine(self.model, self.pool, config.prefill_chunk, config.max_batched_tokens,
                              config.max_num_seqs, config.batch_invariant)
+        self.blocks = self.engine.blocks  # every block a session takes or gives back goes through it
         self._lock = threading.RLock()  # the session map, eviction, commits and counters; never model work
         self.executor = DirectiveExecutor(self.engine, self.tokenizer, sink_tokens=config.sink_tokens,
                                           commit_lock=self._lock)
@@ -98,7 +99,7 @@ class Runtime:
         self._append(session, messages, tokens)
         with self._lock:
             if (tenant, sid) in self._sessions:  # a concurrent create won
-                self.pool.free(session.table.blocks)
+                self.blocks.release(session.table)
                 self._check_new(tenant, sid)
             self._sessions[(tenant, sid)] = session
             self._evicted.discard((tenant, sid))
@@ -116,7 +117,7 @@ class Runtime:
 
     def delete_session(self, session_id: str, tenant: str = DEFAULT_TENANT) -> None:
         with self._hold(tenant, session_id) as session, self._lock:  # after its work in flight
-            self.pool.free(session.table.blocks)
+            self.blocks.release(session.table)
             del self._sessions[(tenant, session_id)]
 
     def session_messages(self, session_id: str, tenant: str = DEFAULT_TENANT) -> tuple[list[Message], int]:
@@ -304,7 +305,7 @@ class Runtime:
         for victim in self.tenancy.victims(self._sessions.values(), session):
             if blocks <= self.pool.num_free:
                 break
-            self.pool.free(victim.table.blocks)
+            self.blocks.release(victim.table)
             del self._sessions[(victim.tenant, victim.session_id)]
             self._evicted.add((victim.tenant, victim.session_id))
             self.stats.evictions += 1
@@ -321,7 +322,7 @@ class Runtime:
         self._check_positions(num_tokens)
         with self._lock:
             self._make_room(self.pool.blocks_for(num_tokens) - len(session.table.blocks), session)
-            ensure_capacity(self.pool, session.table, num_tokens)
+            self.blocks.reserve(session.table, num_tokens)
 
     def _append(self, session: Session, messages: list[Message], new_tokens: list[list[int]] | None = None,
                 then: list[int] | None = None) -> tuple[int, torch.Tensor | None]:
@@ -337,13 +338,13 @@ class Runtime:
             new_tokens = self._encode_new(messages)
         flat = [t for toks in new_tokens for t in toks]
         start = session.num_tokens
-        blocks_before = len(session.table.blocks)
+        capacity_before = session.table.capacity
         self._grow(session, start + len(flat) + len(then or []))
         try:
             logits = self.engine.prefill(session.table, flat + list(then or []), start,
                                          logits="last" if then else "none")
         except BaseException:
-            self._shrink(session, blocks_before)
+            self.blocks.trim(session.table, capacity_before)
             raise
         with self._lock:
             session.messages.extend(messages)
@@ -362,11 +363,6 @@ class Runtime:
                 c.rotated_tokens += rotated
                 c.recomputed_tokens += recomputed
 
-    def _shrink(self, session: Session, num_blocks: int) -> None:
-        extra = session.table.blocks[num_blocks:]
-        del session.table.blocks[num_blocks:]
-        self.pool.free(extra)
-
     def _generate(self, session: Session, request: GenerateRequest,
                   on_token: Callable[[int], None] | None = None,
                   processors: list[LogitsProcessor] | None = None,
@@ -377,14 +373,14 @@ class Runtime:
         """
         start = session.num_tokens
         header = self.tokenizer.role_ids["assistant"]
-        blocks_before = len(session.table.blocks)
+        capacity_before = session.table.capacity
         budget = min(start + 1 + request.max_tokens + 1, self.max_positions)
         self._grow(session, start + 1)
         try:
             # Reserved up front: other sessions allocate while this one decodes.
             with self._lock:
                 self._make_room(self.pool.blocks_for(budget) - len(session.table.blocks), session)
-                ensure_capacity(self.pool, session.table, budget)
+                self.blocks.reserve(session.table, budget)
             logits = first_logits if first_logits is not None else self.engine.prefill(session.table, [header], start)
             gen = self.engine.decode(session.table, start + 1, logits, request, {self.tokenizer.end_id},
                                      self.max_positions - 1, decode_text=self.tokenizer.decode,
@@ -394,12 +390,12 @@ class Runtime:
             common = 0
             while common < min(len(written), len(tokens)) and written[common] == tokens[common]:
                 common += 1
-            ensure_capacity(self.pool, session.table, start + len(tokens))
+            self.blocks.reserve(session.table, start + len(tokens))
             self.engine.prefill(session.table, tokens[common:], start + common, logits="none")
         except BaseException:
-            self._shrink(session, blocks_before)
+            self.blocks.trim(session.table, capacity_before)
             raise
-        self._shrink(session, self.pool.blocks_for(start + len(tokens)))
+        self.blocks.trim(session.table, start + len(tokens))
         with self._lock:
             session.messages.append(message)
             session.message_tokens.append(tokens)

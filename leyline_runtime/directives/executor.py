@@ -261,12 +261,10 @@ class DirectiveExecutor:
     def execute(self, session: Session, plan: Plan, rotate: bool = True, finish: FinishHook | None = None) -> None:
         """``finish(session, plan, table, owned)`` runs after the splice and prefills, before the
         commit; it may recompute rows into a new table (allocating into ``owned``)."""
-        pool, bs = self.engine.pool, self.engine.pool.block_size
+        blocks, bs = self.engine.blocks, self.engine.blocks.block_size
         old_table = session.table
         keep_blocks = min(plan.first_change // bs, len(old_table.blocks))
-        new_table = BlockTable(bs, old_table.blocks[:keep_blocks])
-        fresh = pool.allocate(max(0, pool.blocks_for(len(plan.tokens)) - keep_blocks))
-        new_table.blocks.extend(fresh)
+        new_table, fresh = blocks.fork(old_table, keep_blocks, len(plan.tokens))
         try:
             start = keep_blocks * bs
             self._splice(old_table, new_table, plan, start, rotate)
@@ -275,9 +273,8 @@ class DirectiveExecutor:
                 new_table = finish(session, plan, new_table, fresh)
                 plan.outcomes = self._outcomes(plan)
         except BaseException:
-            pool.free(fresh)
+            blocks.release(fresh)
             raise
-        self._release(old_table, new_table)
         self._commit(session, new_table, plan)
 
     def recompute(self, session: Session, start: int, end: int) -> None:
@@ -287,16 +284,11 @@ class DirectiveExecutor:
         try:
             table = recompute_rows(self.engine, session.table, session.tokens, start, end, owned)
         except BaseException:
-            self.engine.pool.free(owned)
+            self.engine.blocks.release(owned)
             raise
         with self.commit_lock:
-            self._release(session.table, table)
+            self.engine.blocks.commit(session.table, table)
             session.table = table
-
-    def _release(self, old: BlockTable, new: BlockTable) -> None:
-        """Free the old table's blocks that the new one no longer uses."""
-        kept = set(new.blocks)
-        self.engine.pool.free([b for b in old.blocks if b not in kept])
 
     def _splice(self, old_table: BlockTable, new_table: BlockTable, plan: Plan, start: int, rotate: bool) -> None:
         new_pos = start + (plan.old_pos[start:] != PREFILL).nonzero().flatten()
@@ -331,6 +323,7 @@ class DirectiveExecutor:
 
     def _commit(self, session: Session, table: BlockTable, plan: Plan) -> None:
         with self.commit_lock:
+            self.engine.blocks.commit(session.table, table)
             self._swap(session, table, plan)
 
     @staticmethod
