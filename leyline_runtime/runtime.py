@@ -338,13 +338,12 @@ class Runtime:
             new_tokens = self._encode_new(messages)
         flat = [t for toks in new_tokens for t in toks]
         start = session.num_tokens
-        capacity_before = session.table.capacity
         self._grow(session, start + len(flat) + len(then or []))
         try:
             logits = self.engine.prefill(session.table, flat + list(then or []), start,
                                          logits="last" if then else "none")
         except BaseException:
-            self.blocks.trim(session.table, capacity_before)
+            self.blocks.trim(session.table, start)
             raise
         with self._lock:
             session.messages.extend(messages)
@@ -373,7 +372,6 @@ class Runtime:
         """
         start = session.num_tokens
         header = self.tokenizer.role_ids["assistant"]
-        capacity_before = session.table.capacity
         budget = min(start + 1 + request.max_tokens + 1, self.max_positions)
         self._grow(session, start + 1)
         try:
@@ -393,7 +391,9 @@ class Runtime:
             self.blocks.reserve(session.table, start + len(tokens))
             self.engine.prefill(session.table, tokens[common:], start + common, logits="none")
         except BaseException:
-            self.blocks.trim(session.table, capacity_before)
+            # Back to the committed tokens: the header row past them (written by generate()'s
+            # prefill, on a fresh block when they end on a block boundary) is not kept.
+            self.blocks.trim(session.table, start)
             raise
         self.blocks.trim(session.table, start + len(tokens))
         with self._lock:
