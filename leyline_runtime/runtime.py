@@ -77,7 +77,7 @@ class Runtime:
         self._lock = threading.RLock()  # the session map, eviction, commits and counters; never model work
         self.executor = DirectiveExecutor(self.engine, self.tokenizer, sink_tokens=config.sink_tokens,
                                           commit_lock=self._lock)
-        self.auto = AutoMode(self.engine, config.auto)
+        self.auto = AutoMode(self.executor, config.auto)
         self.stats = RuntimeStats()
         self.tenancy = Tenancy(num_blocks)
         self._sessions: dict[tuple[str, str], Session] = {}
@@ -181,7 +181,7 @@ class Runtime:
             with self._lock:
                 self._make_room(self._blocks_for_plan(session, plan)
                                 + self.auto.reserve_blocks(session, plan), session)
-            self.executor.execute(session, plan, rotate=rotate, finish=self.auto.finish)
+            self.auto.execute(session, plan, rotate=rotate)
             reused, rotated, recomputed = plan.counts()  # the untouched prefix counts as reused
             self._tally(session, reused=reused, rotated=rotated, recomputed=recomputed)
             repaired = sum(o.auto.drift_repair_tokens for o in plan.outcomes if o.auto)

@@ -98,3 +98,21 @@ def test_only_the_block_manager_takes_or_frees_blocks():
                     and node.func.attr in ("allocate", "free") and "pool" in ast.unparse(node.func.value):
                 callers.append(f"{path.relative_to(RUNTIME)}:{node.lineno}")
     assert callers == []
+
+
+def test_a_failed_transaction_gives_back_every_block_it_took(rt):
+    """The executor's transaction (which auto mode runs its decisions inside) takes blocks for the
+    splice, and its caller takes more for recomputes; an error gives all of them back."""
+    sid = rt.create_session(SessionCreate(messages=agent_history(12))).session_id
+    session, free = rt._sessions[("default", sid)], rt.blocks.num_free
+    table, version = list(session.table.blocks), session.version
+    plan = rt.executor.plan(session, [Directive(span=Span(start=1, end=2), mode="amortize",
+                                                replacement=[Message(role="user", content="What is api_port?")])])
+    with pytest.raises(RuntimeError, match="inside"):
+        with rt.executor.transaction(session, plan) as txn:
+            txn.owned.extend(rt.blocks.take(2))  # as a recompute's copy-on-write does
+            assert rt.blocks.num_free < free
+            raise RuntimeError("failed inside the transaction")
+    assert rt.blocks.num_free == free and session.table.blocks == table and session.version == version
+    rt.delete_session(sid)
+    assert_accounted(rt)

@@ -38,7 +38,7 @@ from leyline_sdk.protocol import AutoDecision
 from leyline_runtime.config import AutoConfig
 from leyline_runtime.sessions.drift import DriftState
 from leyline_runtime.engine.engine import Engine
-from leyline_runtime.directives.executor import PREFILL, Plan, TokenEdit
+from leyline_runtime.directives.executor import PREFILL, DirectiveExecutor, Plan, TokenEdit
 from leyline_runtime.engine.kv_cache import BlockTable
 from leyline_runtime.model.batch import BatchLayout
 from leyline_runtime.directives.recompute import recompute_rows
@@ -121,9 +121,17 @@ def moved_position(edits: list[TokenEdit], old: int) -> int:
 
 
 class AutoMode:
-    def __init__(self, engine: Engine, config: AutoConfig):
-        self.engine = engine
+    """Runs directive batches through the executor, deciding their ``auto`` edits inside its transaction."""
+
+    def __init__(self, executor: DirectiveExecutor, config: AutoConfig):
+        self.executor = executor
+        self.engine = executor.engine
         self.config = config
+
+    def execute(self, session: Session, plan: Plan, rotate: bool = True) -> None:
+        """Execute ``plan`` as one transaction: splice and prefill, decide and recompute, commit."""
+        with self.executor.transaction(session, plan, rotate) as txn:
+            txn.table = self._decide_batch(session, plan, txn.table, txn.owned)
 
     @property
     def depth_weight(self) -> int:
@@ -137,7 +145,7 @@ class AutoMode:
         bs = self.engine.pool.block_size
         return max(0, plan.first_change // bs - session.drift.earliest // bs + 1)
 
-    def finish(self, session: Session, plan: Plan, table: BlockTable, owned: list[int]) -> BlockTable:
+    def _decide_batch(self, session: Session, plan: Plan, table: BlockTable, owned: list[int]) -> BlockTable:
         """Decide every ``auto`` edit of ``plan`` (spliced and prefilled into ``table``), run the
         recomputes they need, and leave the session's next drift state in ``plan.drift``."""
         n = len(plan.tokens)
