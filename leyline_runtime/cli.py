@@ -8,11 +8,8 @@ and works without the ``runtime`` extra; tests/test_cli_light.py checks it).
 ``serve`` checks what it can before the model load (the extra, the model
 folder, the port) and reports a problem as one line.
 
-``train`` and ``evaluate`` run code from ``leyline_training``, which sits
-outside the serving package. This is the one import from the runtime to
-training, and it is documented as an exception in docs/design.md: the
-imports are function-local, so the serving code never loads training code
-unless one of those two commands is run.
+Training and evaluating the default model is ``leyline-train``
+(``leyline_training.cli``): the runtime never imports training code.
 """
 
 from __future__ import annotations
@@ -271,41 +268,9 @@ def say(text: str) -> None:
 
 # --- entry point ---------------------------------------------------------------------------
 
-def _add_train_arguments(p: argparse.ArgumentParser) -> None:
-    from leyline_training.cli import add_train_arguments  # torch-free; see the module docstring
-
-    add_train_arguments(p)
-
-
-def _run_train(args: argparse.Namespace) -> int:
-    require("train", "leyline-runtime train")
-    from leyline_training import train
-
-    train.run(args)
-    return 0
-
-
-def _add_evaluate_arguments(p: argparse.ArgumentParser) -> None:
-    from leyline_training.cli import add_evaluate_arguments
-
-    add_evaluate_arguments(p)
-
-
-def _run_evaluate(args: argparse.Namespace) -> int:
-    require("train", "leyline-runtime evaluate")
-    from leyline_training import evaluate
-
-    evaluate.run(args)
-    return 0
-
-
 COMMANDS: dict[str, Command] = {
     "serve": ("serve the HTTP API (native session/directive endpoints + OpenAI-compatible /v1)",
               add_serve_arguments, run_serve),
-    "train": ("train the embedded default model from scratch on local data (resumable, time budget)",
-              _add_train_arguments, _run_train),
-    "evaluate": ("held-out perplexity and agent-loop evaluation of a model through the runtime",
-                 _add_evaluate_arguments, _run_evaluate),
 }
 
 
