@@ -19,7 +19,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -34,12 +34,13 @@ from leyline_sdk.protocol import (
 )
 
 from leyline_runtime.text import chat_template as tpl
-from leyline_runtime.directives.auto_mode import AutoConfig, AutoMode
+from leyline_runtime.config import RuntimeConfig
+from leyline_runtime.directives.auto_mode import AutoMode
 from leyline_runtime.sessions.drift import DriftState
 from leyline_runtime.engine.engine import Engine, Generation
 from leyline_runtime.directives.executor import DirectiveExecutor, Plan
 from leyline_runtime.engine.grammar import GrammarProcessor
-from leyline_runtime.engine.kv_cache import BlockPool, BlockTable, ensure_capacity
+from leyline_runtime.engine.kv_cache import BlockPool, BlockTable
 from .model import DeepseekForCausalLM, load_model
 from .model.default import DEFAULT_MODEL_DIR
 from leyline_runtime.engine.sampling import LogitsProcessor
@@ -48,25 +49,6 @@ from leyline_runtime.sessions.tenancy import Tenancy
 from leyline_runtime.text.tokenizer import ChatTokenizer
 
 DEFAULT_TENANT = "default"
-
-
-@dataclass
-class RuntimeConfig:
-    model_path: str | None = None  # None: the embedded default model
-    dtype: str = "float32"
-    device: str = "cpu"
-    max_cache_tokens: int = 65536
-    block_size: int = 16
-    prefill_chunk: int = 8192  # the most tokens one forward prefills (activation memory)
-    max_batched_tokens: int = 512  # tokens per step while sequences decode (prefill chunks share it)
-    max_num_seqs: int = 64  # generations decoding in one step
-    sink_tokens: int = 0
-    api_keys: list[str] = field(default_factory=list)
-    model_name: str = "leyline-default"
-    auto: AutoConfig = field(default_factory=AutoConfig)  # mode "auto" thresholds and the drift budget
-    max_request_tokens: int | None = None  # new tokens one request may add; None: the model's context
-    # A sequence's logits bit-equal alone or batched (padded products, fixed prefill cuts; Engine)
-    batch_invariant: bool = False
 
 
 @dataclass
@@ -93,10 +75,11 @@ class Runtime:
                               dtype=self.model.dtype, device=config.device)
         self.engine = Engine(self.model, self.pool, config.prefill_chunk, config.max_batched_tokens,
                              config.max_num_seqs, config.batch_invariant)
+        self.blocks = self.engine.blocks  # every block a session takes or gives back goes through it
         self._lock = threading.RLock()  # the session map, eviction, commits and counters; never model work
         self.executor = DirectiveExecutor(self.engine, self.tokenizer, sink_tokens=config.sink_tokens,
                                           commit_lock=self._lock)
-        self.auto = AutoMode(self.engine, config.auto)
+        self.auto = AutoMode(self.executor, config.auto)
         self.stats = RuntimeStats()
         self.tenancy = Tenancy(num_blocks)
         self._sessions: dict[tuple[str, str], Session] = {}
@@ -118,7 +101,7 @@ class Runtime:
         self._append(session, messages, tokens)
         with self._lock:
             if (tenant, sid) in self._sessions:  # a concurrent create won
-                self.pool.free(session.table.blocks)
+                self.blocks.release(session.table)
                 self._check_new(tenant, sid)
             self._sessions[(tenant, sid)] = session
             self._evicted.discard((tenant, sid))
@@ -136,7 +119,7 @@ class Runtime:
 
     def delete_session(self, session_id: str, tenant: str = DEFAULT_TENANT) -> None:
         with self._hold(tenant, session_id) as session, self._lock:  # after its work in flight
-            self.pool.free(session.table.blocks)
+            self.blocks.release(session.table)
             del self._sessions[(tenant, session_id)]
 
     def session_messages(self, session_id: str, tenant: str = DEFAULT_TENANT) -> tuple[list[Message], int]:
@@ -207,7 +190,7 @@ class Runtime:
             with self._lock:
                 self._make_room(self._blocks_for_plan(session, plan)
                                 + self.auto.reserve_blocks(session, plan), session)
-            self.executor.execute(session, plan, rotate=rotate, finish=self.auto.finish)
+            self.auto.execute(session, plan, rotate=rotate)
             reused, rotated, recomputed = plan.counts()  # the untouched prefix counts as reused
             self._tally(session, reused=reused, rotated=rotated, recomputed=recomputed)
             repaired = sum(o.auto.drift_repair_tokens for o in plan.outcomes if o.auto)
@@ -325,7 +308,7 @@ class Runtime:
         for victim in self.tenancy.victims(self._sessions.values(), session):
             if blocks <= self.pool.num_free:
                 break
-            self.pool.free(victim.table.blocks)
+            self.blocks.release(victim.table)
             del self._sessions[(victim.tenant, victim.session_id)]
             self._evicted.add((victim.tenant, victim.session_id))
             self.stats.evictions += 1
@@ -342,7 +325,7 @@ class Runtime:
         self._check_positions(num_tokens)
         with self._lock:
             self._make_room(self.pool.blocks_for(num_tokens) - len(session.table.blocks), session)
-            ensure_capacity(self.pool, session.table, num_tokens)
+            self.blocks.reserve(session.table, num_tokens)
 
     def _append(self, session: Session, messages: list[Message], new_tokens: list[list[int]] | None = None,
                 then: list[int] | None = None) -> tuple[int, torch.Tensor | None]:
@@ -358,13 +341,12 @@ class Runtime:
             new_tokens = self._encode_new(messages)
         flat = [t for toks in new_tokens for t in toks]
         start = session.num_tokens
-        blocks_before = len(session.table.blocks)
         self._grow(session, start + len(flat) + len(then or []))
         try:
             logits = self.engine.prefill(session.table, flat + list(then or []), start,
                                          logits="last" if then else "none")
         except BaseException:
-            self._shrink(session, blocks_before)
+            self.blocks.trim(session.table, start)
             raise
         with self._lock:
             session.messages.extend(messages)
@@ -383,11 +365,6 @@ class Runtime:
                 c.rotated_tokens += rotated
                 c.recomputed_tokens += recomputed
 
-    def _shrink(self, session: Session, num_blocks: int) -> None:
-        extra = session.table.blocks[num_blocks:]
-        del session.table.blocks[num_blocks:]
-        self.pool.free(extra)
-
     def _generate(self, session: Session, request: GenerateRequest,
                   on_token: Callable[[int], None] | None = None,
                   processors: list[LogitsProcessor] | None = None,
@@ -398,14 +375,13 @@ class Runtime:
         """
         start = session.num_tokens
         header = self.tokenizer.role_ids["assistant"]
-        blocks_before = len(session.table.blocks)
         budget = min(start + 1 + request.max_tokens + 1, self.max_positions)
         self._grow(session, start + 1)
         try:
             # Reserved up front: other sessions allocate while this one decodes.
             with self._lock:
                 self._make_room(self.pool.blocks_for(budget) - len(session.table.blocks), session)
-                ensure_capacity(self.pool, session.table, budget)
+                self.blocks.reserve(session.table, budget)
             logits = first_logits if first_logits is not None else self.engine.prefill(session.table, [header], start)
             gen = self.engine.decode(session.table, start + 1, logits, request, {self.tokenizer.end_id},
                                      self.max_positions - 1, decode_text=self.tokenizer.decode,
@@ -415,12 +391,14 @@ class Runtime:
             common = 0
             while common < min(len(written), len(tokens)) and written[common] == tokens[common]:
                 common += 1
-            ensure_capacity(self.pool, session.table, start + len(tokens))
+            self.blocks.reserve(session.table, start + len(tokens))
             self.engine.prefill(session.table, tokens[common:], start + common, logits="none")
         except BaseException:
-            self._shrink(session, blocks_before)
+            # Back to the committed tokens: the header row past them (written by generate()'s
+            # prefill, on a fresh block when they end on a block boundary) is not kept.
+            self.blocks.trim(session.table, start)
             raise
-        self._shrink(session, self.pool.blocks_for(start + len(tokens)))
+        self.blocks.trim(session.table, start + len(tokens))
         with self._lock:
             session.messages.append(message)
             session.message_tokens.append(tokens)

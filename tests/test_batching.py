@@ -125,7 +125,7 @@ def test_batch_invariant_mode_makes_batched_bit_equal_to_solo(rt_invariant, monk
 def test_grouped_attention_equals_each_sequence_reading_its_rows_in_place(rt, by_blocks):
     """Short prefill runs, and decode steps over short histories, attending in groups over padded
     gathers of their rows (whole blocks, or row by row) == each sequence over its rows in place."""
-    from leyline_runtime.engine.kv_cache import BlockTable, ensure_capacity
+    from leyline_runtime.engine.kv_cache import BlockTable
     from leyline_runtime.model import batch
 
     pool, gen = rt.pool, torch.Generator().manual_seed(0)
@@ -139,7 +139,7 @@ def test_grouped_attention_equals_each_sequence_reading_its_rows_in_place(rt, by
     bs = pool.block_size
     for k in range(0, max(c + n for c, n in shapes) + bs, bs):  # one block each in turn: interleaved
         for t, (cached, n) in zip(tables, shapes):
-            ensure_capacity(pool, t, min(k + bs, cached + n))
+            rt.blocks.reserve(t, min(k + bs, cached + n))
     assert len(tables[3].extents(long_decode)) > 1  # several runs of rows, not one
     unit = bs if by_blocks else 1
     try:
@@ -172,7 +172,7 @@ def test_grouped_attention_equals_each_sequence_reading_its_rows_in_place(rt, by
         assert fp32_diff(a, b) <= 3e-5
     finally:
         for t in tables:
-            pool.free(t.blocks)
+            rt.blocks.release(t)
 
 
 def test_a_cancelled_generation_stops_alone_and_leaves_its_session_unchanged(rt):
