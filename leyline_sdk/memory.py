@@ -62,9 +62,6 @@ from .tools_prompt import TOOLS_MESSAGE_ID
 
 __all__ = ["TOOLS_MESSAGE_ID", "CallStats", "EditRecord", "LeylineMemory", "ThreadStats"]
 
-# Id of the system message that lists the tools (the runtime's /v1 path uses the same).
-
-
 _SAFE_THREAD = re.compile(r"[A-Za-z0-9._:@-]{1,96}")
 _current_thread: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "leyline_thread_id", default=None)
