@@ -113,7 +113,7 @@ def cases() -> list[tuple[str, str, str, Any, int]]:
                                 "a%2Fb", "_x", SURROGATE]):
         add(f"create-id-{i}", "POST", "/sessions", {"session_id": bad_id}, 422)
     add("create-id-int", "POST", "/sessions", {"session_id": 5}, 422)
-    add("create-duplicate", "POST", "/sessions", {"session_id": VICTIM}, 422)
+    add("create-duplicate", "POST", "/sessions", {"session_id": VICTIM}, 409)
     bad_messages = {
         "not-a-list": "nope", "bad-role": [msg("robot")], "developer-native": [msg("developer")],
         "content-surrogate": [msg("user", "a" + SURROGATE)], "name-surrogate": [msg("tool", name=SURROGATE)],

@@ -11,12 +11,15 @@ import asyncio
 
 import httpx
 import pytest
+from starlette.testclient import TestClient
 from test_integration_support import app, async_client, client  # noqa: F401  (fixtures)
 
 from leyline_sdk import (
     APIStatusError,
     ConflictError,
     LeylineClient,
+    LeylineMemory,
+    Message,
     SessionExists,
     Unauthorized,
     ValidationFailed,
@@ -90,3 +93,24 @@ def test_an_error_raised_without_an_answer_carries_none() -> None:
     # the runtime raises the class itself; its wire body is the code and message
     assert SessionExists("s exists").to_body() == {"error": {"code": "session_exists", "message": "s exists"}}
     assert SessionExists.status_code == 409
+
+
+class FirstCreateRaced(LeylineClient):
+    """Another process creates the session just before this client's first create reaches the runtime."""
+
+    raced = False
+
+    def create_session(self, messages=None, session_id=None):  # type: ignore[no-untyped-def]
+        if not self.raced:
+            self.raced = True
+            super().create_session(messages, session_id=session_id)
+        return super().create_session(messages, session_id=session_id)
+
+
+def test_memory_adopts_a_session_created_meanwhile(app):  # noqa: F811
+    with TestClient(app) as http:
+        memory = LeylineMemory(FirstCreateRaced("http://testserver", http_client=http))
+        view = [Message(role="user", content="hello", id="u1")]
+        reply = memory.generate("raced-thread", view, max_tokens=2)
+    assert reply.message.role == "assistant"
+    assert memory.stats("raced-thread").resyncs == 1  # the 409 led to reading the session, not to an error
