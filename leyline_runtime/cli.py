@@ -274,25 +274,34 @@ COMMANDS: dict[str, Command] = {
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="leyline-runtime",
-        description="Leyline inference runtime: sessions whose history is edited by directives.")
+def command_parser(prog: str, description: str, commands: dict[str, Command]) -> argparse.ArgumentParser:
+    """A parser with one subcommand per entry of ``commands`` (``leyline-train`` uses it too)."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name, (help_text, add_arguments, run) in COMMANDS.items():
+    for name, (help_text, add_arguments, run) in commands.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         add_arguments(p)
         p.set_defaults(run=run)
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def run_command(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> int:
+    """Parse ``argv`` and run its subcommand; a missing extra is one line naming it, exit 1."""
+    args = parser.parse_args(argv)
     try:
         return args.run(args)
     except MissingExtra as exc:
-        print(f"leyline-runtime: error: {exc}", file=sys.stderr, flush=True)
+        print(f"{parser.prog}: error: {exc}", file=sys.stderr, flush=True)
         return 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    return command_parser(
+        "leyline-runtime", "Leyline inference runtime: sessions whose history is edited by directives.", COMMANDS)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_command(build_parser(), argv)
 
 
 if __name__ == "__main__":

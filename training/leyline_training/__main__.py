@@ -10,7 +10,8 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from leyline_runtime.extras import MissingExtra, require
+from leyline_runtime.cli import command_parser, run_command
+from leyline_runtime.extras import require
 from leyline_training.cli import EVALUATE_HELP, TRAIN_HELP, add_evaluate_arguments, add_train_arguments
 
 
@@ -37,23 +38,11 @@ COMMANDS = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="leyline-train", description="Train and evaluate Leyline's embedded default model.")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name, (help_text, add_arguments, run) in COMMANDS.items():
-        p = sub.add_parser(name, help=help_text, description=help_text)
-        add_arguments(p)
-        p.set_defaults(run=run)
-    return parser
+    return command_parser("leyline-train", "Train and evaluate Leyline's embedded default model.", COMMANDS)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        return args.run(args)
-    except MissingExtra as exc:
-        print(f"leyline-train: error: {exc}", file=sys.stderr, flush=True)
-        return 1
+    return run_command(build_parser(), argv)
 
 
 if __name__ == "__main__":
