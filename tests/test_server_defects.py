@@ -166,3 +166,46 @@ def test_a_token_that_splits_a_character_carries_its_bytes():
     text = "déjà vu ½ € 漢字"
     ids = tokenizer.encode(text)
     assert b"".join(tokenizer.token_bytes(i) for i in ids) == text.encode("utf-8")
+
+
+def test_a_stop_string_may_be_longer_than_four_characters(client):
+    ok = client.post("/v1/chat/completions", json={"messages": HI, "max_tokens": 2, "stop": "hello world"})
+    assert ok.status_code == 200, ok.text
+    five = client.post("/v1/chat/completions", json={"messages": HI, "max_tokens": 2, "stop": list("abcde")})
+    assert five.status_code == 400 and five.json()["error"]["param"] == "stop"
+
+
+# Refusals the schema now states: a schema-valid request never meets one of these.
+STATED_RULES = ("only assistant messages carry", "only tool messages carry", "takes a list of messages",
+                "takes text or token ids", "token ids must be non-negative", "needs logprobs", "needs stream",
+                "exceeded maximum size", "at most 4 items", "a session id is")
+# What a schema cannot say (two fields compared, or the server's state) stays a documented 4xx.
+POSITIVE_OPERATIONS = [("/v1/chat/completions", "POST"), ("/sessions", "POST"), ("/directives", "POST"),
+                       ("/sessions/{session_id}/messages", "POST"), ("/sessions/{session_id}/generate", "POST")]
+
+
+@pytest.mark.parametrize("path,method", POSITIVE_OPERATIONS)
+def test_schema_valid_requests_never_meet_a_rule_the_schema_leaves_out(path, method):
+    import schemathesis
+    from hypothesis import HealthCheck, given, settings
+    from schemathesis import GenerationMode
+    from test_server_schema import LIMITS, VICTIM, ensure_victim, tiny_runtime
+
+    with torch_threads(1):
+        runtime = tiny_runtime()
+        operation = schemathesis.openapi.from_asgi("/openapi.json", create_app(runtime=runtime, limits=LIMITS))
+        operation = operation[path][method]
+
+        @given(case=operation.as_strategy(generation_mode=GenerationMode.POSITIVE))
+        @settings(max_examples=25, derandomize=True, deadline=None, database=None,
+                  suppress_health_check=list(HealthCheck))
+        def check(case):
+            ensure_victim(runtime)
+            if "{session_id}" in path:
+                case.path_parameters = {**(case.path_parameters or {}), "session_id": VICTIM}
+            response = case.call()
+            if response.status_code in (400, 422):
+                message = response.json()["error"]["message"]
+                assert not any(rule in message for rule in STATED_RULES), (message, case.body)
+
+        check()

@@ -147,13 +147,14 @@ def install_error_handlers(app: FastAPI) -> None:
 
 
 # pydantic's own words for a session id would be its regex; the rule in words is clearer.
+SESSION_HEADER = "X-Leyline-Session"
 _SESSION_ID_ERRORS = {"string_pattern_mismatch", "string_too_short", "string_too_long"}
 
 
 def validation_text(err: dict[str, Any]) -> str:
     """What one pydantic error says, in words a caller can act on."""
     loc = err.get("loc", ())
-    if loc and loc[-1] == "session_id" and err.get("type") in _SESSION_ID_ERRORS:
+    if loc and loc[-1] in ("session_id", SESSION_HEADER) and err.get("type") in _SESSION_ID_ERRORS:
         return f"a session id is {SESSION_ID_RULE}"
     return str(err.get("msg", "invalid"))
 

@@ -20,6 +20,7 @@ from .chat import ChatService
 from .durability import restore_sessions, save_sessions
 from ..api.errors import install_error_handlers
 from .limits import BodyGuard, Limits
+from .openapi import install_openapi
 
 DESCRIPTION = """\
 Leyline: an inference runtime whose sessions can be *edited* through directives
@@ -71,4 +72,5 @@ def create_app(config: RuntimeConfig | None = None, *, runtime: Runtime | None =
     install_error_handlers(app)
     for module in (routes_sessions, routes_openai, routes_system):
         app.include_router(module.router)
+    install_openapi(app)
     return app

@@ -99,7 +99,7 @@ def _from_validation(errors: Any) -> OpenAIError:
     errors = list(errors)
     first = errors[0] if errors else {}
     loc = [str(p) for p in first.get("loc", ()) if p != "body"]
-    param = _param_path(loc)
+    param = loc[1] if loc[:1] == ["header"] and len(loc) > 1 else _param_path(loc)
     if first.get("type") == "extra_forbidden":
         message = f"`{param}` is not supported by this server"
     elif first.get("type") == "json_invalid":
@@ -111,13 +111,16 @@ def _from_validation(errors: Any) -> OpenAIError:
     return OpenAIError(message, param=param, code="invalid_request")
 
 
+_SCALARS = {"str", "int", "float", "bool"}  # how pydantic names a plain union member
+
+
 def _param_path(loc: list[str]) -> str | None:
     """``["messages", "0", "role"]`` -> ``messages[0].role``; union branch names dropped."""
     out = ""
     for part in loc:
         if part.isdigit():
             out += f"[{part}]"
-        elif part[:1].isupper() or "[" in part or part.startswith(("function-", "literal[")):
+        elif part[:1].isupper() or "[" in part or part.startswith(("function-", "literal[")) or part in _SCALARS:
             continue  # pydantic names the union member it tried; not a field
         else:
             out += f".{part}" if out else part

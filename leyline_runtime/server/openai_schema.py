@@ -155,7 +155,7 @@ class ChatCompletionRequest(DecodingFields):
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     top_k: int | None = Field(default=None, ge=0)
     seed: int | None = Field(default=None, ge=-(2**63), lt=2**63)
-    stop: str | list[str] | None = Field(default=None, max_length=4)
+    stop: str | Annotated[list[str], Field(max_length=4)] | None = None  # up to 4 strings, each any length
     n: int = Field(default=1, ge=1, le=1, description="Only one choice is supported")
     logprobs: bool | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=20)

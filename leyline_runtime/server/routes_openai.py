@@ -5,7 +5,6 @@ Errors here are in OpenAI's shape with 400 for invalid requests (:mod:`.openai_e
 
 from __future__ import annotations
 
-import re
 from functools import partial
 from typing import Annotated
 
@@ -13,12 +12,14 @@ from fastapi import APIRouter, Header, Request
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from leyline_sdk.protocol import SESSION_ID_PATTERN, SESSION_ID_RULE
+from leyline_sdk.protocol import MAX_ID_LENGTH, SESSION_ID_PATTERN, SESSION_ID_RULE
 
 from ..runtime import Runtime
 from .chat import ChatService
 from .completion import CompletionIds, completion
+from ..api.errors import SESSION_HEADER
 from ..api.json_body import OrjsonRoute
+from .openapi import NEEDS_SWITCH
 from .openai_errors import OpenAIError, OpenAIRoute, openai_error_responses
 from .openai_schema import ChatCompletion, ChatCompletionRequest, ModelCard, ModelList
 from .prompt import stop_strings
@@ -33,27 +34,19 @@ class _Route(OpenAIRoute, OrjsonRoute):
 
 router = APIRouter(prefix="/v1", tags=["openai"], route_class=_Route)
 
-SESSION_HEADER = "X-Leyline-Session"
-
 _STREAM_DOC = {"text/event-stream": {"schema": {"type": "string"},
                                      "example": 'data: {"object": "chat.completion.chunk", ...}\n\ndata: [DONE]\n\n'}}
 
 
 def _bound_session(body: ChatCompletionRequest, header: str | None) -> str | None:
-    if body.session_id is not None or not header:
-        return body.session_id
-    if not re.fullmatch(SESSION_ID_PATTERN, header):
-        raise OpenAIError(f"{SESSION_HEADER}: a session id is {SESSION_ID_RULE}", param=SESSION_HEADER,
-                          code="invalid_request")
-    return header
+    return body.session_id if body.session_id is not None or not header else header
 
 
 def _check_dependent_fields(body: ChatCompletionRequest) -> None:
     """OpenAI refuses a field whose switch is off rather than ignore it."""
-    if body.top_logprobs is not None and not body.logprobs:
-        raise OpenAIError("top_logprobs needs logprobs: true", param="top_logprobs", code="invalid_request")
-    if body.stream_options is not None and not body.stream:
-        raise OpenAIError("stream_options needs stream: true", param="stream_options", code="invalid_request")
+    for field, switch in NEEDS_SWITCH.items():
+        if getattr(body, field) is not None and not getattr(body, switch):
+            raise OpenAIError(f"{field} needs {switch}: true", param=field, code="invalid_request")
 
 
 def _check_model(body: ChatCompletionRequest, served: str) -> None:
@@ -70,7 +63,9 @@ async def chat_completions(
     body: ChatCompletionRequest,
     request: Request,
     tenant: Tenant,
-    x_leyline_session: Annotated[str | None, Header(alias=SESSION_HEADER)] = None,
+    x_leyline_session: Annotated[str | None, Header(alias=SESSION_HEADER, pattern=SESSION_ID_PATTERN,
+                                                    max_length=MAX_ID_LENGTH,
+                                                    description=f"Same as `session_id`: {SESSION_ID_RULE}")] = None,
 ) -> ChatCompletion | StreamingResponse:
     service: ChatService = request.app.state.chat
     runtime: Runtime = request.app.state.runtime
