@@ -150,6 +150,10 @@ class Runtime:
             with self._hold(tenant, session_id) as session:
                 session.messages = apply_directives(session.messages, renames)
 
+    def was_evicted(self, session_id: str, tenant: str = DEFAULT_TENANT) -> bool:
+        """The session is gone because the cache evicted it (not deleted, never created)."""
+        return (tenant, session_id) in self._evicted
+
     def has_session(self, session_id: str, tenant: str = DEFAULT_TENANT) -> bool:
         return (tenant, session_id) in self._sessions
 

@@ -293,6 +293,26 @@ def test_idle_session_is_evicted_then_rebuilt_by_chat():
         assert [m["content"] for m in rebuilt["messages"][:-1]] == [m["content"] or "" for m in resend]
 
 
+def test_a_new_sessions_first_chat_is_built_not_rebuilt(client):
+    r = client.post("/v1/chat/completions", json={"messages": history(2), "session_id": "brand-new",
+                                                  "max_tokens": 1, "temperature": 0})
+    assert r.status_code == 200, r.text
+    assert r.json()["leyline"]["rebuilt"] is False
+
+
+@pytest.mark.parametrize("mode", ["forget", "amortize"])
+def test_an_outcome_counts_the_kept_prefix_as_reused(client, mode):
+    info = new_session(client, history(6))
+    r = client.post("/directives", json={"session_id": info["session_id"], "directives": [
+        {"span": {"start": 4, "end": 5}, "replacement": [user("shorter")], "mode": mode}]})
+    assert r.status_code == 200, r.text
+    result = r.json()
+    (outcome,) = result["outcomes"]
+    assert outcome["token_start"] > 0
+    assert outcome["reused_tokens"] == outcome["token_start"]  # the rows before the edit, kept bit for bit
+    assert outcome["reused_tokens"] + outcome["rotated_tokens"] + outcome["recomputed_tokens"] == result["num_tokens"]
+
+
 # --- concurrency ---------------------------------------------------------------------------------
 
 
