@@ -316,6 +316,32 @@ def test_an_outcome_counts_the_kept_prefix_as_reused(client, mode):
 # --- concurrency ---------------------------------------------------------------------------------
 
 
+def test_one_lock_per_session(client, runtime):
+    """The service serialises a chat turn with the lock the runtime takes for every call on the session."""
+    assert client.app.state.chat.session_locks is runtime.session_locks
+    sid = new_session(client)["session_id"]
+    held = threading.Event()
+    done = threading.Event()
+
+    def hold_then_release():
+        with runtime.session_locks.hold(("default", sid)):
+            held.set()
+            done.wait(5)
+
+    t = threading.Thread(target=hold_then_release)
+    t.start()
+    held.wait(5)
+    appended = []
+    worker = threading.Thread(target=lambda: appended.append(runtime.append(sid, [Message(role="user", content="x")])))
+    worker.start()
+    worker.join(0.3)
+    assert worker.is_alive() and not appended  # the runtime's own call waits for the session's one lock
+    done.set()
+    t.join(5)
+    worker.join(30)
+    assert appended and appended[0].version == 2
+
+
 def test_concurrent_directives_and_generations_on_one_session(client, runtime):
     sid = new_session(client, history(3))["session_id"]
     seen: dict[int, list[int]] = {}

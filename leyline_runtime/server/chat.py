@@ -37,7 +37,6 @@ from ..metrics import ServiceMetrics
 from ..runtime import Runtime
 from .constraints import Decoding, plan_decoding
 from .context_edits import apply_edits
-from .locks import KeyedLocks
 from .openai_schema import AppliedEdit, ChatCompletionRequest
 from .prompt import generate_request, prompt_messages
 
@@ -80,7 +79,7 @@ class ChatService:
     def __init__(self, runtime: Runtime, metrics: ServiceMetrics):
         self.runtime = runtime
         self.metrics = metrics
-        self.session_locks = KeyedLocks()
+        self.session_locks = runtime.session_locks  # the runtime's own: one lock per session
         self.grammars = GrammarCompiler(runtime.tokenizer)
 
     def complete(self, request: ChatCompletionRequest, tenant: str, session_id: str | None = None,
