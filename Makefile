@@ -41,7 +41,7 @@ $(DEV_STAMP): pyproject.toml $(RUNTIME_STAMP)
 install: $(DEV_STAMP)
 
 serve: $(RUNTIME_STAMP)
-	@echo "leyline-runtime is $(BIN)/leyline-runtime (serve, train, evaluate; add $(abspath $(BIN)) to PATH to call it by name)"
+	@echo "leyline-runtime (serve) and leyline-train (train, evaluate) are in $(BIN); add $(abspath $(BIN)) to PATH to call them by name"
 	@echo "leyline-bench is $(BIN)/leyline-bench (after $(BIN)/pip install -e '.[bench]')"
 	@# Ctrl-C reaches the server and this shell alike; uvicorn shuts down, then re-raises the signal.
 	@# The no-op trap keeps the shell alive to turn that (130/143) into a clean exit: no "make: ***".

@@ -8,11 +8,8 @@ and works without the ``runtime`` extra; tests/test_cli_light.py checks it).
 ``serve`` checks what it can before the model load (the extra, the model
 folder, the port) and reports a problem as one line.
 
-``train`` and ``evaluate`` run code from ``leyline_training``, which sits
-outside the serving package. This is the one import from the runtime to
-training, and it is documented as an exception in docs/design.md: the
-imports are function-local, so the serving code never loads training code
-unless one of those two commands is run.
+Training and evaluating the default model is ``leyline-train``
+(``leyline_training.cli``): the runtime never imports training code.
 """
 
 from __future__ import annotations
@@ -26,20 +23,10 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from .config import (
+    CPU_GEMMS, DEFAULT_HOST, DEFAULT_PORT, DTYPES, KEEP_ALIVE_TIMEOUT, LOG_LEVELS, AutoConfig, Limits, RuntimeConfig,
+)
 from .extras import MissingExtra, require
-
-DEFAULT_HOST = "127.0.0.1"
-DEFAULT_PORT = 8000
-# RuntimeConfig's defaults, repeated so that --help does not import torch
-# (tests/test_server_cli.py checks they agree).
-SERVE_DEFAULTS = {"dtype": "float32", "device": "cpu", "max_cache_tokens": 65536, "model_name": "leyline-default",
-                  "max_num_seqs": 64, "max_batched_tokens": 512}
-CPU_GEMM_CHOICES = ("auto", "blas", "onednn")  # model.layers.CPU_GEMMS (checked by the same test)
-DRIFT_BUDGET_DEFAULT = 14.0  # AutoConfig.drift_budget (checked by the same test)
-# server.limits.Limits' defaults, for the same reason.
-LIMIT_DEFAULTS = {"max_body_bytes": 8 * 2**20, "max_message_bytes": 2**20, "max_messages": 4096,
-                  "body_timeout": 30.0}
-KEEP_ALIVE_TIMEOUT = 5
 
 Command = tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]
 
@@ -48,13 +35,13 @@ Command = tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argpar
 
 
 def add_serve_arguments(p: argparse.ArgumentParser) -> None:
-    defaults = argparse.Namespace(**SERVE_DEFAULTS)
+    defaults, limit_defaults = RuntimeConfig(), Limits()
     p.add_argument("--host", default=DEFAULT_HOST, help="address to listen on (default: %(default)s)")
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help="port to listen on (default: %(default)s)")
     p.add_argument("--model", metavar="PATH", default=None,
                    help="Hugging Face style model folder (config.json + *.safetensors + tokenizer.json); "
                         "default: the embedded default model")
-    p.add_argument("--dtype", choices=["float32", "bfloat16"], default=defaults.dtype,
+    p.add_argument("--dtype", choices=list(DTYPES), default=defaults.dtype,
                    help="weights and KV cache dtype (default: %(default)s)")
     p.add_argument("--device", default=defaults.device, help="torch device, e.g. cpu or cuda (default: %(default)s)")
     p.add_argument("--max-cache-tokens", type=int, metavar="N", default=defaults.max_cache_tokens,
@@ -65,13 +52,13 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                         "service is open, unless LEYLINE_API_KEYS (comma-separated) is set")
     p.add_argument("--model-name", default=defaults.model_name,
                    help="model id reported by /v1/models and in completions (default: %(default)s)")
-    p.add_argument("--drift-budget", type=_drift_budget, metavar="X", default=DRIFT_BUDGET_DEFAULT,
+    p.add_argument("--drift-budget", type=_drift_budget, metavar="X", default=AutoConfig().drift_budget,
                    help="per-session budget for the drift that mode \"auto\" edits leave (the sum of their "
                         "measured layer-1 change x (layers - 1)); past it the session is re-prefilled from "
                         "its earliest drifted token. 'none' turns repairs off (default: %(default)s)")
     p.add_argument("--threads", type=int, metavar="N", default=None,
                    help="torch CPU threads (default: torch's choice)")
-    p.add_argument("--cpu-gemm", choices=list(CPU_GEMM_CHOICES), default="auto",
+    p.add_argument("--cpu-gemm", choices=list(CPU_GEMMS), default="auto",
                    help="library for fp32 matrix products on the CPU: blas (torch's MKL), onednn, or auto: "
                         "oneDNN except on Intel CPUs, where MKL takes its fast kernels; --batch-invariant always "
                         "uses oneDNN (default: %(default)s)")
@@ -86,17 +73,17 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                             "with others: products padded to 16 rows, prefills cut every --max-batched-tokens "
                             "tokens (costs lone requests speed; see docs/design.md)")
     limits = p.add_argument_group("request limits and timeouts (see docs/operations.md)")
-    limits.add_argument("--max-body-bytes", type=int, metavar="N", default=LIMIT_DEFAULTS["max_body_bytes"],
+    limits.add_argument("--max-body-bytes", type=int, metavar="N", default=limit_defaults.max_body_bytes,
                         help="largest request body; larger is 413 request_too_large, unread (default: %(default)s)")
     limits.add_argument("--max-message-bytes", type=int, metavar="N",
-                        default=LIMIT_DEFAULTS["max_message_bytes"],
+                        default=limit_defaults.max_message_bytes,
                         help="largest message text (content, name, tool calls; UTF-8 bytes) (default: %(default)s)")
-    limits.add_argument("--max-messages", type=int, metavar="N", default=LIMIT_DEFAULTS["max_messages"],
+    limits.add_argument("--max-messages", type=int, metavar="N", default=limit_defaults.max_messages,
                         help="most messages in one request (default: %(default)s)")
     limits.add_argument("--max-request-tokens", type=int, metavar="N", default=None,
                         help="most new tokens one request may add (messages, replacements); "
                              "default: the model's context")
-    limits.add_argument("--body-timeout", type=float, metavar="SECONDS", default=LIMIT_DEFAULTS["body_timeout"],
+    limits.add_argument("--body-timeout", type=float, metavar="SECONDS", default=limit_defaults.body_timeout,
                         help="time a client has to send its whole request body; slower is 408 request_timeout "
                              "and the connection is closed (default: %(default)s)")
     limits.add_argument("--keep-alive-timeout", type=int, metavar="SECONDS", default=KEEP_ALIVE_TIMEOUT,
@@ -109,7 +96,7 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                    help="save every session's message history here on shutdown (SIGTERM/SIGINT) and restore "
                         "it at start, so a restart costs a re-prefill instead of lost history "
                         "(default: none; sessions live in memory only)")
-    p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
+    p.add_argument("--log-level", default="info", choices=list(LOG_LEVELS),
                    help="server log level (default: %(default)s)")
 
 
@@ -145,8 +132,6 @@ def run_serve(args: argparse.Namespace) -> int:
     from .model.config import UnsupportedConfig
     from .model.layers import set_cpu_gemm
     from .server import create_app
-
-    from .server.limits import Limits
 
     try:
         set_cpu_gemm(args.cpu_gemm)
@@ -225,11 +210,10 @@ def build_runtime(args: argparse.Namespace):
     """Load model, tokenizer and cache in stages, saying what each one got."""
     import torch
 
-    from leyline_runtime.directives.auto_mode import AutoConfig
     from .model import load_model
     from .model.default import DEFAULT_MODEL_DIR
     from .model.layers import cpu_vendor, linear_library
-    from .runtime import Runtime, RuntimeConfig
+    from .runtime import Runtime
     from leyline_runtime.text.tokenizer import ChatTokenizer
 
     if args.threads:
@@ -284,63 +268,40 @@ def say(text: str) -> None:
 
 # --- entry point ---------------------------------------------------------------------------
 
-def _add_train_arguments(p: argparse.ArgumentParser) -> None:
-    from leyline_training.cli import add_train_arguments  # torch-free; see the module docstring
-
-    add_train_arguments(p)
-
-
-def _run_train(args: argparse.Namespace) -> int:
-    require("train", "leyline-runtime train")
-    from leyline_training import train
-
-    train.run(args)
-    return 0
-
-
-def _add_evaluate_arguments(p: argparse.ArgumentParser) -> None:
-    from leyline_training.cli import add_evaluate_arguments
-
-    add_evaluate_arguments(p)
-
-
-def _run_evaluate(args: argparse.Namespace) -> int:
-    require("train", "leyline-runtime evaluate")
-    from leyline_training import evaluate
-
-    evaluate.run(args)
-    return 0
-
-
 COMMANDS: dict[str, Command] = {
     "serve": ("serve the HTTP API (native session/directive endpoints + OpenAI-compatible /v1)",
               add_serve_arguments, run_serve),
-    "train": ("train the embedded default model from scratch on local data (resumable, time budget)",
-              _add_train_arguments, _run_train),
-    "evaluate": ("held-out perplexity and agent-loop evaluation of a model through the runtime",
-                 _add_evaluate_arguments, _run_evaluate),
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="leyline-runtime",
-        description="Leyline inference runtime: sessions whose history is edited by directives.")
+def command_parser(prog: str, description: str, commands: dict[str, Command]) -> argparse.ArgumentParser:
+    """A parser with one subcommand per entry of ``commands`` (``leyline-train`` uses it too)."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name, (help_text, add_arguments, run) in COMMANDS.items():
+    for name, (help_text, add_arguments, run) in commands.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         add_arguments(p)
         p.set_defaults(run=run)
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def run_command(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> int:
+    """Parse ``argv`` and run its subcommand; a missing extra is one line naming it, exit 1."""
+    args = parser.parse_args(argv)
     try:
         return args.run(args)
     except MissingExtra as exc:
-        print(f"leyline-runtime: error: {exc}", file=sys.stderr, flush=True)
+        print(f"{parser.prog}: error: {exc}", file=sys.stderr, flush=True)
         return 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    return command_parser(
+        "leyline-runtime", "Leyline inference runtime: sessions whose history is edited by directives.", COMMANDS)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_command(build_parser(), argv)
 
 
 if __name__ == "__main__":

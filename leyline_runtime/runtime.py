@@ -12,20 +12,21 @@ calls these methods from worker threads, off the event loop.
 
 from __future__ import annotations
 
+import codecs
 import threading
 import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from leyline_sdk.diff import apply_directives
 from leyline_sdk.errors import (
-    CapacityExceeded, InvalidDirective, RequestTooLarge, SessionNotFound,
+    CapacityExceeded, RequestTooLarge, SessionExists, SessionNotFound,
 )
 from leyline_sdk.protocol import (
     AppendResult, Directive, DirectiveBatch, DirectiveResult, GenerateRequest, GenerateResponse, Message,
@@ -33,12 +34,13 @@ from leyline_sdk.protocol import (
 )
 
 from leyline_runtime.text import chat_template as tpl
-from leyline_runtime.directives.auto_mode import AutoConfig, AutoMode
+from leyline_runtime.config import RuntimeConfig
+from leyline_runtime.directives.auto_mode import AutoMode
 from leyline_runtime.sessions.drift import DriftState
 from leyline_runtime.engine.engine import Engine, Generation
 from leyline_runtime.directives.executor import DirectiveExecutor, Plan
 from leyline_runtime.engine.grammar import GrammarProcessor
-from leyline_runtime.engine.kv_cache import BlockPool, BlockTable, ensure_capacity
+from leyline_runtime.engine.kv_cache import BlockPool, BlockTable
 from .model import DeepseekForCausalLM, load_model
 from .model.default import DEFAULT_MODEL_DIR
 from leyline_runtime.engine.sampling import LogitsProcessor
@@ -48,25 +50,6 @@ from leyline_runtime.sessions.tenancy import Tenancy
 from leyline_runtime.text.tokenizer import ChatTokenizer
 
 DEFAULT_TENANT = "default"
-
-
-@dataclass
-class RuntimeConfig:
-    model_path: str | None = None  # None: the embedded default model
-    dtype: str = "float32"
-    device: str = "cpu"
-    max_cache_tokens: int = 65536
-    block_size: int = 16
-    prefill_chunk: int = 8192  # the most tokens one forward prefills (activation memory)
-    max_batched_tokens: int = 512  # tokens per step while sequences decode (prefill chunks share it)
-    max_num_seqs: int = 64  # generations decoding in one step
-    sink_tokens: int = 0
-    api_keys: list[str] = field(default_factory=list)
-    model_name: str = "leyline-default"
-    auto: AutoConfig = field(default_factory=AutoConfig)  # mode "auto" thresholds and the drift budget
-    max_request_tokens: int | None = None  # new tokens one request may add; None: the model's context
-    # A sequence's logits bit-equal alone or batched (padded products, fixed prefill cuts; Engine)
-    batch_invariant: bool = False
 
 
 @dataclass
@@ -93,10 +76,11 @@ class Runtime:
                               dtype=self.model.dtype, device=config.device)
         self.engine = Engine(self.model, self.pool, config.prefill_chunk, config.max_batched_tokens,
                              config.max_num_seqs, config.batch_invariant)
+        self.blocks = self.engine.blocks  # every block a session takes or gives back goes through it
         self._lock = threading.RLock()  # the session map, eviction, commits and counters; never model work
         self.executor = DirectiveExecutor(self.engine, self.tokenizer, sink_tokens=config.sink_tokens,
                                           commit_lock=self._lock)
-        self.auto = AutoMode(self.engine, config.auto)
+        self.auto = AutoMode(self.executor, config.auto)
         self.stats = RuntimeStats()
         self.tenancy = Tenancy(num_blocks)
         self._sessions: dict[tuple[str, str], Session] = {}
@@ -120,7 +104,7 @@ class Runtime:
         self._append(session, messages, tokens)
         with self._lock:
             if (tenant, sid) in self._sessions:  # a concurrent create won
-                self.pool.free(session.table.blocks)
+                self.blocks.release(session.table)
                 self._check_new(tenant, sid)
             self._sessions[(tenant, sid)] = session
             self._evicted.discard((tenant, sid))
@@ -138,7 +122,7 @@ class Runtime:
 
     def delete_session(self, session_id: str, tenant: str = DEFAULT_TENANT) -> None:
         with self._hold(tenant, session_id) as session, self._lock:  # after its work in flight
-            self.pool.free(session.table.blocks)
+            self.blocks.release(session.table)
             del self._sessions[(tenant, session_id)]
 
     def session_messages(self, session_id: str, tenant: str = DEFAULT_TENANT) -> tuple[list[Message], int]:
@@ -213,7 +197,7 @@ class Runtime:
             with self._lock:
                 self._make_room(self._blocks_for_plan(session, plan)
                                 + self.auto.reserve_blocks(session, plan), session)
-            self.executor.execute(session, plan, rotate=rotate, finish=self.auto.finish)
+            self.auto.execute(session, plan, rotate=rotate)
             reused, rotated, recomputed = plan.counts()  # the untouched prefix counts as reused
             self._tally(session, reused=reused, rotated=rotated, recomputed=recomputed)
             repaired = sum(o.auto.drift_repair_tokens for o in plan.outcomes if o.auto)
@@ -249,7 +233,7 @@ class Runtime:
             if any(isinstance(p, GrammarProcessor) and p.closing for p in processors or []):
                 finish = "length"  # the grammar closed the reply early: the budget ended it
             return GenerateResponse(session_id=session_id, message=message, finish_reason=finish, usage=usage,
-                                    logprobs=self._logprobs(gen) if request.logprobs else None,
+                                    logprobs=self._logprobs(gen, message.content) if request.logprobs else None,
                                     version=session.version)
 
     # -- internals -----------------------------------------------------------------
@@ -269,7 +253,7 @@ class Runtime:
 
     def _check_new(self, tenant: str, session_id: str) -> None:
         if (tenant, session_id) in self._sessions:
-            raise InvalidDirective(f"session {session_id} already exists")
+            raise SessionExists(f"session {session_id} already exists")
 
     def _encode_new(self, messages: list[Message]) -> list[list[int]]:
         new_tokens = self.tokenizer.encode_messages(messages)
@@ -331,7 +315,7 @@ class Runtime:
         for victim in self.tenancy.victims(self._sessions.values(), session):
             if blocks <= self.pool.num_free:
                 break
-            self.pool.free(victim.table.blocks)
+            self.blocks.release(victim.table)
             del self._sessions[(victim.tenant, victim.session_id)]
             self._evicted.add((victim.tenant, victim.session_id))
             self.stats.evictions += 1
@@ -348,7 +332,7 @@ class Runtime:
         self._check_positions(num_tokens)
         with self._lock:
             self._make_room(self.pool.blocks_for(num_tokens) - len(session.table.blocks), session)
-            ensure_capacity(self.pool, session.table, num_tokens)
+            self.blocks.reserve(session.table, num_tokens)
 
     def _append(self, session: Session, messages: list[Message], new_tokens: list[list[int]] | None = None,
                 then: list[int] | None = None) -> tuple[int, torch.Tensor | None]:
@@ -364,13 +348,12 @@ class Runtime:
             new_tokens = self._encode_new(messages)
         flat = [t for toks in new_tokens for t in toks]
         start = session.num_tokens
-        blocks_before = len(session.table.blocks)
         self._grow(session, start + len(flat) + len(then or []))
         try:
             logits = self.engine.prefill(session.table, flat + list(then or []), start,
                                          logits="last" if then else "none")
         except BaseException:
-            self._shrink(session, blocks_before)
+            self.blocks.trim(session.table, start)
             raise
         with self._lock:
             session.messages.extend(messages)
@@ -389,11 +372,6 @@ class Runtime:
                 c.rotated_tokens += rotated
                 c.recomputed_tokens += recomputed
 
-    def _shrink(self, session: Session, num_blocks: int) -> None:
-        extra = session.table.blocks[num_blocks:]
-        del session.table.blocks[num_blocks:]
-        self.pool.free(extra)
-
     def _generate(self, session: Session, request: GenerateRequest,
                   on_token: Callable[[int], None] | None = None,
                   processors: list[LogitsProcessor] | None = None,
@@ -404,14 +382,13 @@ class Runtime:
         """
         start = session.num_tokens
         header = self.tokenizer.role_ids["assistant"]
-        blocks_before = len(session.table.blocks)
         budget = min(start + 1 + request.max_tokens + 1, self.max_positions)
         self._grow(session, start + 1)
         try:
             # Reserved up front: other sessions allocate while this one decodes.
             with self._lock:
                 self._make_room(self.pool.blocks_for(budget) - len(session.table.blocks), session)
-                ensure_capacity(self.pool, session.table, budget)
+                self.blocks.reserve(session.table, budget)
             logits = first_logits if first_logits is not None else self.engine.prefill(session.table, [header], start)
             gen = self.engine.decode(session.table, start + 1, logits, request, {self.tokenizer.end_id},
                                      self.max_positions - 1, decode_text=self.tokenizer.decode,
@@ -421,12 +398,14 @@ class Runtime:
             common = 0
             while common < min(len(written), len(tokens)) and written[common] == tokens[common]:
                 common += 1
-            ensure_capacity(self.pool, session.table, start + len(tokens))
+            self.blocks.reserve(session.table, start + len(tokens))
             self.engine.prefill(session.table, tokens[common:], start + common, logits="none")
         except BaseException:
-            self._shrink(session, blocks_before)
+            # Back to the committed tokens: the header row past them (written by generate()'s
+            # prefill, on a fresh block when they end on a block boundary) is not kept.
+            self.blocks.trim(session.table, start)
             raise
-        self._shrink(session, self.pool.blocks_for(start + len(tokens)))
+        self.blocks.trim(session.table, start + len(tokens))
         with self._lock:
             session.messages.append(message)
             session.message_tokens.append(tokens)
@@ -446,13 +425,28 @@ class Runtime:
             return message, [header, *gen.tokens]  # generated tokens are canonical
         return message, self.tokenizer.encode_message(message)
 
-    def _logprobs(self, gen: Generation) -> list[TokenLogprob]:
-        out = []
+    def _logprobs(self, gen: Generation, content: str) -> list[TokenLogprob]:
+        """One entry per token of ``content``, as at OpenAI: their texts join to it, their bytes to its UTF-8.
+
+        Markup (tool calls, the end marker) is not content and has no entry; a token that runs past a
+        stop string is cut where the content ends. A token holding only part of a character has
+        the text "" and its bytes; the token that completes the character carries it.
+        """
+        tokenizer = self.tokenizer
+        wanted = content.encode("utf-8")
+        text = codecs.getincrementaldecoder("utf-8")()
+        out, done, in_call = [], 0, False
         for tok, (lp, tops) in zip(gen.tokens, gen.logprobs):
-            text = self.tokenizer.token_text(tok)
+            if tok in (tokenizer.tool_call_id, tokenizer.end_tool_call_id):
+                in_call = tok == tokenizer.tool_call_id
+            if in_call or tok in tokenizer.control_ids:
+                continue
+            raw = tokenizer.token_bytes(tok)[:len(wanted) - done]
+            if not raw or wanted[done:done + len(raw)] != raw:
+                break  # the content ended (a stop string), or it is not these tokens' bytes
+            done += len(raw)
             out.append(TokenLogprob(
-                token=text, logprob=lp, bytes=list(text.encode("utf-8")),
-                top_logprobs=[TopLogprob(token=self.tokenizer.token_text(t), logprob=v,
-                                         bytes=list(self.tokenizer.token_text(t).encode("utf-8")))
+                token=text.decode(raw, final=done == len(wanted)), logprob=lp, bytes=list(raw),
+                top_logprobs=[TopLogprob(token=tokenizer.token_text(t), logprob=v, bytes=list(tokenizer.token_bytes(t)))
                               for t, v in tops]))
         return out

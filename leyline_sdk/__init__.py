@@ -13,14 +13,19 @@ Light by design: needs only pydantic and httpx (never torch).
 """
 
 from .version import __version__
+from ._calls import GENERATE_OPTIONS
+from ._config import API_KEY_ENV, BASE_URL_ENV, DEFAULT_BASE_URL, DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
+from ._streaming import AsyncStream, Stream, StreamEvent
 from .client import AsyncLeylineClient, LeylineClient
 from .diff import apply_directives, diff_messages, split_append
 from .errors import (
     ERROR_CLASSES,
+    STATUS_CLASSES,
     APIConnectionError,
     APIStatusError,
     APITimeoutError,
     CapacityExceeded,
+    ConflictError,
     InvalidBody,
     InvalidDirective,
     InvalidSpan,
@@ -28,6 +33,7 @@ from .errors import (
     OverlappingSpans,
     RequestTimeout,
     RequestTooLarge,
+    SessionExists,
     SessionNotFound,
     Unauthorized,
     ValidationFailed,
@@ -78,7 +84,14 @@ from .protocol import (
 )
 
 __all__ = [
+    "API_KEY_ENV",
+    "BASE_URL_ENV",
+    "DEFAULT_BASE_URL",
+    "DEFAULT_MAX_RETRIES",
+    "DEFAULT_TIMEOUT",
     "ERROR_CLASSES",
+    "GENERATE_OPTIONS",
+    "STATUS_CLASSES",
     "TOOLS_MESSAGE_ID",
     "APIConnectionError",
     "APIStatusError",
@@ -87,10 +100,12 @@ __all__ = [
     "AppendResult",
     "AppliedMode",
     "AsyncLeylineClient",
+    "AsyncStream",
     "AutoChoice",
     "AutoDecision",
     "CallStats",
     "CapacityExceeded",
+    "ConflictError",
     "Directive",
     "DirectiveBatch",
     "DirectiveOutcome",
@@ -121,11 +136,14 @@ __all__ = [
     "Segment",
     "SessionCounters",
     "SessionCreate",
+    "SessionExists",
     "SessionInfo",
     "SessionList",
     "SessionNotFound",
     "Span",
     "SpanUnit",
+    "Stream",
+    "StreamEvent",
     "ThreadStats",
     "TokenLogprob",
     "ToolCall",

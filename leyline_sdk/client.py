@@ -1,22 +1,25 @@
 """HTTP clients for the Leyline runtime: :class:`LeylineClient` and :class:`AsyncLeylineClient`.
 
-Both have the same methods; the async ones are coroutines. Requests and
-responses are built in :mod:`leyline_sdk._base`, so the classes only differ in
-how they send.
+Both have the same methods; the async ones are coroutines. Each endpoint is
+described once in :mod:`leyline_sdk._calls`, sent under the one
+:class:`~leyline_sdk._retry.RetryPolicy`, and a streamed generation is a
+:class:`~leyline_sdk._streaming.Stream` (or :class:`~leyline_sdk._streaming.AsyncStream`),
+so the classes only differ in how they send.
 """
 
 from __future__ import annotations
 
-import asyncio
-import time
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
 import httpx
 
-from . import _base
-from ._base import Call, ClientConfig, DirectiveLike, MessageLike, StreamEvent
+from . import _calls
+from ._calls import Call, DirectiveLike, MessageLike
+from ._config import DEFAULT_MAX_RETRIES, ClientConfig
+from ._retry import RetryPolicy
+from ._streaming import AsyncStream, Stream
 from .protocol import (
     AppendResult,
     DirectiveResult,
@@ -34,6 +37,7 @@ class _ClientSettings:
     """Read-only views of the resolved settings, shared by both clients."""
 
     _config: ClientConfig
+    _retry: RetryPolicy
 
     @property
     def base_url(self) -> str:
@@ -68,7 +72,7 @@ class LeylineClient(_ClientSettings):
         api_key: str | None = None,
         *,
         timeout: float | httpx.Timeout | None = None,
-        max_retries: int = _base.DEFAULT_MAX_RETRIES,
+        max_retries: int = DEFAULT_MAX_RETRIES,
         headers: Mapping[str, str] | None = None,
         transport: httpx.BaseTransport | None = None,
         http_client: httpx.Client | None = None,
@@ -83,6 +87,7 @@ class LeylineClient(_ClientSettings):
             headers,
             client_timeout=http_client.timeout if http_client is not None else None,
         )
+        self._retry = RetryPolicy(self._config.max_retries, self._config.base_url)
         self._owns_http = http_client is None
         self._http = http_client or httpx.Client(transport=transport, timeout=self._config.timeout)
 
@@ -91,21 +96,21 @@ class LeylineClient(_ClientSettings):
     def create_session(
         self, messages: Sequence[MessageLike] | None = None, session_id: str | None = None
     ) -> SessionInfo:
-        return self._send(_base.create_session(messages, session_id))
+        return self._send(_calls.create_session(messages, session_id))
 
     def get_session(self, session_id: str, include_messages: bool = False) -> SessionInfo:
-        return self._send(_base.get_session(session_id, include_messages))
+        return self._send(_calls.get_session(session_id, include_messages))
 
     def list_sessions(self) -> list[SessionInfo]:
-        return self._send(_base.list_sessions())
+        return self._send(_calls.list_sessions())
 
     def delete_session(self, session_id: str) -> None:
-        self._send(_base.delete_session(session_id))
+        self._send(_calls.delete_session(session_id))
 
     def append(
         self, session_id: str, messages: Sequence[MessageLike], expected_version: int | None = None
     ) -> AppendResult:
-        return self._send(_base.append(session_id, messages, expected_version))
+        return self._send(_calls.append(session_id, messages, expected_version))
 
     def generate(
         self,
@@ -116,7 +121,7 @@ class LeylineClient(_ClientSettings):
         **sampling: Any,
     ) -> GenerateResponse:
         """Append ``messages`` (if any), then generate one assistant message."""
-        return self._send(_base.generate(session_id, messages, expected_version, sampling))
+        return self._send(_calls.generate(session_id, messages, expected_version, sampling))
 
     def generate_stream(
         self,
@@ -125,33 +130,15 @@ class LeylineClient(_ClientSettings):
         *,
         expected_version: int | None = None,
         **sampling: Any,
-    ) -> Iterator[StreamEvent]:
-        """:meth:`generate`, streamed: yields the text as it is generated (``str`` deltas that
-        add up to the message's content), then the :class:`GenerateResponse` (tool calls,
-        usage, version). An error before the first event raises as :meth:`generate` does."""
-        call = _base.generate_stream(session_id, messages, expected_version, sampling)
+    ) -> Stream:
+        """:meth:`generate`, streamed: a :class:`Stream` of the text as it is generated (``str``
+        deltas that add up to the message's content), then the :class:`GenerateResponse` (tool
+        calls, usage, version). The request is sent when the stream is first iterated; an error
+        before the first event raises from the loop as :meth:`generate` raises it. Use it in a
+        ``with`` block (or ``close()`` it) to drop the connection before the end."""
+        call = _calls.generate_stream(session_id, messages, expected_version, sampling)
         request = self._config.build_request(self._http, call)
-        attempt = 0
-        while True:
-            try:
-                response = self._http.send(request, stream=True)
-                break
-            except httpx.TransportError as exc:
-                time.sleep(_base.retry_delay_or_raise(exc, attempt, self._config))
-                attempt += 1
-        try:
-            if not response.is_success or not _base.is_event_stream(response):
-                response.read()
-                yield from _base.whole_generation(response)  # an error, or a server that does not stream
-                return
-            for line in response.iter_lines():
-                event = _base.stream_event(line)
-                if event is not None:
-                    yield event
-        except httpx.TransportError as exc:
-            raise _base.transport_error(exc, self._config.base_url) from exc
-        finally:
-            response.close()
+        return Stream(lambda: self._retry.send(self._http, request, stream=True), self._config.base_url)
 
     # directives
 
@@ -162,7 +149,7 @@ class LeylineClient(_ClientSettings):
         expected_version: int | None = None,
     ) -> DirectiveResult:
         """Apply one atomic batch of directives (addressing the session as it is now)."""
-        return self._send(_base.apply(session_id, directives, expected_version))
+        return self._send(_calls.apply(session_id, directives, expected_version))
 
     # OpenAI-compatible
 
@@ -177,24 +164,15 @@ class LeylineClient(_ClientSettings):
         **sampling: Any,
     ) -> dict[str, Any]:
         """``POST /v1/chat/completions``; the parsed OpenAI-shaped response."""
-        return self._send(_base.chat(messages, session_id, mode, tools, model, sampling))
+        return self._send(_calls.chat(messages, session_id, mode, tools, model, sampling))
 
     def health(self) -> dict[str, Any]:
-        return self._send(_base.health())
+        return self._send(_calls.health())
 
     # plumbing
 
     def _send(self, call: Call[T]) -> T:
-        request = self._config.build_request(self._http, call)
-        attempt = 0
-        while True:
-            try:
-                response = self._http.send(request)
-            except httpx.TransportError as exc:
-                time.sleep(_base.retry_delay_or_raise(exc, attempt, self._config))
-                attempt += 1
-                continue
-            return call.parse(response)
+        return call.parse(self._retry.send(self._http, self._config.build_request(self._http, call)))
 
     def close(self) -> None:
         if self._owns_http:
@@ -221,7 +199,7 @@ class AsyncLeylineClient(_ClientSettings):
         api_key: str | None = None,
         *,
         timeout: float | httpx.Timeout | None = None,
-        max_retries: int = _base.DEFAULT_MAX_RETRIES,
+        max_retries: int = DEFAULT_MAX_RETRIES,
         headers: Mapping[str, str] | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
         http_client: httpx.AsyncClient | None = None,
@@ -236,6 +214,7 @@ class AsyncLeylineClient(_ClientSettings):
             headers,
             client_timeout=http_client.timeout if http_client is not None else None,
         )
+        self._retry = RetryPolicy(self._config.max_retries, self._config.base_url)
         self._owns_http = http_client is None
         self._http = http_client or httpx.AsyncClient(
             transport=transport, timeout=self._config.timeout
@@ -246,21 +225,21 @@ class AsyncLeylineClient(_ClientSettings):
     async def create_session(
         self, messages: Sequence[MessageLike] | None = None, session_id: str | None = None
     ) -> SessionInfo:
-        return await self._send(_base.create_session(messages, session_id))
+        return await self._send(_calls.create_session(messages, session_id))
 
     async def get_session(self, session_id: str, include_messages: bool = False) -> SessionInfo:
-        return await self._send(_base.get_session(session_id, include_messages))
+        return await self._send(_calls.get_session(session_id, include_messages))
 
     async def list_sessions(self) -> list[SessionInfo]:
-        return await self._send(_base.list_sessions())
+        return await self._send(_calls.list_sessions())
 
     async def delete_session(self, session_id: str) -> None:
-        await self._send(_base.delete_session(session_id))
+        await self._send(_calls.delete_session(session_id))
 
     async def append(
         self, session_id: str, messages: Sequence[MessageLike], expected_version: int | None = None
     ) -> AppendResult:
-        return await self._send(_base.append(session_id, messages, expected_version))
+        return await self._send(_calls.append(session_id, messages, expected_version))
 
     async def generate(
         self,
@@ -271,41 +250,20 @@ class AsyncLeylineClient(_ClientSettings):
         **sampling: Any,
     ) -> GenerateResponse:
         """Append ``messages`` (if any), then generate one assistant message."""
-        return await self._send(_base.generate(session_id, messages, expected_version, sampling))
+        return await self._send(_calls.generate(session_id, messages, expected_version, sampling))
 
-    async def generate_stream(
+    def generate_stream(
         self,
         session_id: str,
         messages: Sequence[MessageLike] | None = None,
         *,
         expected_version: int | None = None,
         **sampling: Any,
-    ) -> AsyncIterator[StreamEvent]:
+    ) -> AsyncStream:
         """:meth:`LeylineClient.generate_stream`, async."""
-        call = _base.generate_stream(session_id, messages, expected_version, sampling)
+        call = _calls.generate_stream(session_id, messages, expected_version, sampling)
         request = self._config.build_request(self._http, call)
-        attempt = 0
-        while True:
-            try:
-                response = await self._http.send(request, stream=True)
-                break
-            except httpx.TransportError as exc:
-                await asyncio.sleep(_base.retry_delay_or_raise(exc, attempt, self._config))
-                attempt += 1
-        try:
-            if not response.is_success or not _base.is_event_stream(response):
-                await response.aread()
-                for whole in _base.whole_generation(response):  # an error, or a server that does not stream
-                    yield whole
-                return
-            async for line in response.aiter_lines():
-                event = _base.stream_event(line)
-                if event is not None:
-                    yield event
-        except httpx.TransportError as exc:
-            raise _base.transport_error(exc, self._config.base_url) from exc
-        finally:
-            await response.aclose()
+        return AsyncStream(lambda: self._retry.asend(self._http, request, stream=True), self._config.base_url)
 
     # directives
 
@@ -316,7 +274,7 @@ class AsyncLeylineClient(_ClientSettings):
         expected_version: int | None = None,
     ) -> DirectiveResult:
         """Apply one atomic batch of directives (addressing the session as it is now)."""
-        return await self._send(_base.apply(session_id, directives, expected_version))
+        return await self._send(_calls.apply(session_id, directives, expected_version))
 
     # OpenAI-compatible
 
@@ -331,24 +289,15 @@ class AsyncLeylineClient(_ClientSettings):
         **sampling: Any,
     ) -> dict[str, Any]:
         """``POST /v1/chat/completions``; the parsed OpenAI-shaped response."""
-        return await self._send(_base.chat(messages, session_id, mode, tools, model, sampling))
+        return await self._send(_calls.chat(messages, session_id, mode, tools, model, sampling))
 
     async def health(self) -> dict[str, Any]:
-        return await self._send(_base.health())
+        return await self._send(_calls.health())
 
     # plumbing
 
     async def _send(self, call: Call[T]) -> T:
-        request = self._config.build_request(self._http, call)
-        attempt = 0
-        while True:
-            try:
-                response = await self._http.send(request)
-            except httpx.TransportError as exc:
-                await asyncio.sleep(_base.retry_delay_or_raise(exc, attempt, self._config))
-                attempt += 1
-                continue
-            return call.parse(response)
+        return call.parse(await self._retry.asend(self._http, self._config.build_request(self._http, call)))
 
     async def close(self) -> None:
         if self._owns_http:

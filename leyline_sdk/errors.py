@@ -9,14 +9,19 @@ such session")`` is all the runtime has to write.
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
+
+if TYPE_CHECKING:  # the runtime raises these classes without ever holding an httpx response
+    import httpx
 
 __all__ = [
     "ERROR_CLASSES",
+    "STATUS_CLASSES",
     "APIConnectionError",
     "APIStatusError",
     "APITimeoutError",
     "CapacityExceeded",
+    "ConflictError",
     "InvalidBody",
     "InvalidDirective",
     "InvalidSpan",
@@ -24,6 +29,7 @@ __all__ = [
     "OverlappingSpans",
     "RequestTimeout",
     "RequestTooLarge",
+    "SessionExists",
     "SessionNotFound",
     "Unauthorized",
     "ValidationFailed",
@@ -81,12 +87,34 @@ class APIStatusError(LeylineError):
     """Base of every error that came (or would come) with an HTTP status, as openai-python's.
 
     ``except APIStatusError`` catches every error the runtime answers with; an unknown
-    code (or a malformed response) is raised as this class itself. A request
-    rejected by the client's own validation before it is sent is a
+    code (or a malformed response) is raised as the class for its status (:func:`error_for`).
+    A request rejected by the client's own validation before it is sent is a
     :class:`ValidationFailed` with ``status_code`` ``None``.
+
+    An error built from an answer carries it, as openai-python's do: ``response`` (the
+    ``httpx.Response``), ``request`` (the ``httpx.Request`` it answered) and ``body`` (the
+    decoded JSON body, else its text; for an error event inside a stream, that event's
+    ``error`` object). All three are ``None`` for an error raised without an answer.
     """
 
     code = "api_error"
+
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        code: str | None = None,
+        status_code: int | None | _ClassDefault = _CLASS_DEFAULT,
+        response: httpx.Response | None = None,
+        body: object | None = None,
+    ) -> None:
+        super().__init__(message, code=code, status_code=status_code)
+        self.response = response
+        self.body = body
+
+    @property
+    def request(self) -> httpx.Request | None:
+        return self.response.request if self.response is not None else None
 
 
 class Unauthorized(APIStatusError):
@@ -99,9 +127,26 @@ class SessionNotFound(APIStatusError):
     status_code = 404
 
 
-class VersionConflict(APIStatusError):
-    code = "version_conflict"
+class ConflictError(APIStatusError):
+    """409: the request conflicts with the session's current state; nothing changed.
+
+    ``except ConflictError`` catches :class:`VersionConflict` and :class:`SessionExists`
+    (and a 409 with a code this SDK does not know)."""
+
+    code = "conflict"
     status_code = 409
+
+
+class VersionConflict(ConflictError):
+    """``expected_version`` is not the session's version."""
+
+    code = "version_conflict"
+
+
+class SessionExists(ConflictError):
+    """A session with this id exists already (create it under another id, or use it)."""
+
+    code = "session_exists"
 
 
 class CapacityExceeded(APIStatusError):
@@ -163,7 +208,9 @@ ERROR_CLASSES: Final[dict[str, type[LeylineError]]] = {
     for cls in (
         Unauthorized,
         SessionNotFound,
+        ConflictError,
         VersionConflict,
+        SessionExists,
         CapacityExceeded,
         InvalidDirective,
         InvalidSpan,
@@ -178,11 +225,32 @@ ERROR_CLASSES: Final[dict[str, type[LeylineError]]] = {
 }
 
 
-def error_for(code: str, message: str, status: int | None) -> LeylineError:
-    """The error for a wire ``code``; unknown codes become :class:`APIStatusError`.
+# A code this SDK does not know (a newer server, a proxy, a framework's default body) still
+# says something through its status: a 409 is a conflict whatever its code.
+STATUS_CLASSES: Final[dict[int, type[APIStatusError]]] = {
+    401: Unauthorized,
+    409: ConflictError,
+    422: ValidationFailed,
+}
 
-    ``status`` is stored as given: the HTTP status the error came with, or
-    ``None`` for an error raised without a response.
+
+def error_for(
+    code: str | None,
+    message: str,
+    status: int | None,
+    *,
+    response: httpx.Response | None = None,
+    body: object | None = None,
+) -> LeylineError:
+    """The error for a wire ``code``, else for its HTTP ``status``, else :class:`APIStatusError`.
+
+    ``code`` ``None`` (a body without one) takes the status class's code, else
+    ``"http_error"``. ``status`` is stored as given: the HTTP status the error came
+    with, or ``None`` for an error raised without a response. ``response`` and ``body``
+    are kept on a status error (see :class:`APIStatusError`).
     """
-    cls = ERROR_CLASSES.get(code, APIStatusError)
-    return cls(message, code=code, status_code=status)
+    cls = ERROR_CLASSES.get(code or "") or STATUS_CLASSES.get(status or 0, APIStatusError)
+    wire_code = code or (cls.code if cls is not APIStatusError else "http_error")
+    if issubclass(cls, APIStatusError):
+        return cls(message, code=wire_code, status_code=status, response=response, body=body)
+    return cls(message, code=wire_code, status_code=status)

@@ -28,188 +28,25 @@ never interleave their steps; different threads run concurrently.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import re
 import threading
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, fields
-from typing import Any, Literal
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from typing import Any
 
-from ._base import StreamEvent
+from ._calls import GENERATE_OPTIONS
+from ._memory_drivers import Driver
+from ._memory_flow import Flow, Op, Outcome, Req, SyncFlow, ThreadState
+from ._memory_stats import CallStats, EditRecord, ThreadStats, TokenTally
+from ._streaming import StreamEvent
 from .client import AsyncLeylineClient, LeylineClient
-from .batch_plan import plan_batch
-from .diff import apply_directives
-from .errors import InvalidDirective, LeylineError, SessionNotFound, VersionConflict
-from .policy import EditContext, ModePolicy, default_policy, explain_edit
-from .protocol import (
-    AppendResult,
-    AppliedMode,
-    MAX_ID_LENGTH,
-    SESSION_ID_PATTERN,
-    Directive,
-    DirectiveOutcome,
-    DirectiveResult,
-    GenerateResponse,
-    Message,
-    Mode,
-    SessionInfo,
-)
+from .errors import SessionNotFound
+from .policy import ModePolicy, default_policy
+from .protocol import MAX_ID_LENGTH, SESSION_ID_PATTERN, Directive, GenerateResponse, Message
 from .tools_prompt import TOOLS_MESSAGE_ID
 
-__all__ = ["TOOLS_MESSAGE_ID", "CallStats", "EditRecord", "LeylineMemory", "ThreadStats"]
-
-# Id of the system message that lists the tools (the runtime's /v1 path uses the same).
-
-SAMPLING_KEYS = frozenset(
-    {"max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "logprobs", "top_logprobs",
-     "tools", "tool_choice", "parallel_tool_calls", "response_format"})
-
-
-Op = Literal["defer", "append", "generate"]
-
-
-# --- counters -------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class EditRecord:
-    """One directive as sent and what the runtime did with it."""
-
-    start: int  # message span in the session as it was before the batch
-    end: int
-    replacement: int  # number of messages in its place
-    requested_mode: Mode
-    applied_mode: AppliedMode
-    fallback_reason: str | None
-    token_start: int
-    token_end: int
-    delta: int
-    reason: str | None = None  # the default policy's rule (None under another policy)
-
-
-@dataclass
-class TokenTally:
-    """Token counters shared by one call's and one thread's statistics."""
-
-    directives: int = 0
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    reused_tokens: int = 0
-    rotated_tokens: int = 0
-    recomputed_tokens: int = 0
-    prefilled_tokens: int = 0
-    prefix_cache_tokens: int = 0
-    resyncs: int = 0  # times the session was re-read (version conflict, adoption)
-    rebuilds: int = 0  # times a lost or refused session was rebuilt
-
-    @property
-    def leyline_reused_tokens(self) -> int:
-        """Prompt tokens the runtime did not compute (kept + rotated)."""
-        return self.reused_tokens + self.rotated_tokens
-
-    @property
-    def reprefill_tokens(self) -> int:
-        """What a full re-prefill of the prompt(s) would have cost."""
-        return self.prompt_tokens
-
-    @property
-    def computed_tokens(self) -> int:
-        return self.recomputed_tokens + self.prefilled_tokens
-
-
-@dataclass(kw_only=True)
-class CallStats(TokenTally):
-    """One model call: what it cost and what it would have cost.
-
-    ``prompt_tokens`` is the prompt the model attended to (the session's tokens
-    plus the assistant header). ``reused + rotated + recomputed + prefilled ==
-    prompt_tokens`` for a call that needed no recovery: ``reused`` rows were
-    kept bit-for-bit, ``rotated`` rows were kept and moved (rope keys rotated),
-    ``recomputed`` were prefilled again because of an edit (replacements, and
-    everything after a ``forget``), ``prefilled`` are new (appended messages,
-    the assistant header, or the whole history when the session was built).
-    ``prefix_cache_tokens``: what a prefix cache alone would have reused — the
-    session's tokens before the first token that differs, measured by the
-    runtime (the first edited token after its token-level minimisation, or the
-    whole session when the call only appended; 0 when the session was built).
-    """
-
-    thread_id: str
-    session_id: str
-    edits: list[EditRecord] = field(default_factory=list)
-    built: bool = False  # the session was created (first call or rebuild) during this call
-
-
-@dataclass
-class ThreadStats(TokenTally):
-    """Totals over a thread's model calls (and directives sent so far)."""
-
-    model_calls: int = 0
-
-    def add(self, call: CallStats) -> None:
-        for f in fields(TokenTally):
-            setattr(self, f.name, getattr(self, f.name) + getattr(call, f.name))
-        self.model_calls += 1
-
-
-@dataclass
-class _Pending:
-    """What the current model call has done so far (finalised by the generate)."""
-
-    directives: int = 0
-    edits: list[EditRecord] = field(default_factory=list)
-    rotated: int = 0
-    recomputed: int = 0
-    prefilled: int = 0
-    prefix_cache: int | None = None  # set by the call's first mutation
-    built: bool = False
-    resyncs: int = 0
-    rebuilds: int = 0
-
-    def first_mutation(self, prefix: int) -> None:
-        if self.prefix_cache is None:
-            self.prefix_cache = prefix
-
-
-@dataclass
-class _Thread:
-    thread_id: str
-    session_id: str
-    shadow: list[Message] | None = None  # None: not known here (adopt it, or build it)
-    version: int | None = None
-    missing: bool = False  # known to be gone: build it without asking
-    built_once: bool = False
-    pending: _Pending = field(default_factory=_Pending)
-    calls: list[CallStats] = field(default_factory=list)
-    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)  # one call at a time
-
-    def lost(self) -> None:
-        self.shadow, self.version, self.missing = None, None, True
-
-    def stale(self) -> None:
-        self.shadow, self.version = None, None
-
-
-@dataclass
-class _Req:
-    """One client call the synchronisation flow wants made (sans-I/O)."""
-
-    method: str
-    args: tuple[Any, ...] = ()
-    kwargs: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class _Outcome:
-    directives: list[Directive]
-    tail: list[Message]
-    response: GenerateResponse | None = None
-    call: CallStats | None = None
-
-
-# --- the memory --------------------------------------------------------------------------
+__all__ = ["TOOLS_MESSAGE_ID", "CallStats", "EditRecord", "LeylineMemory", "ThreadStats", "TokenTally"]
 
 
 class LeylineMemory:
@@ -249,7 +86,7 @@ class LeylineMemory:
         self.placeholder = placeholder
         self.max_attempts = max_attempts
         self.on_call = on_call
-        self._threads: dict[str, _Thread] = {}
+        self._threads: dict[str, ThreadState] = {}
         self._lock = threading.Lock()
 
     # -- threads ----------------------------------------------------------------------
@@ -302,13 +139,13 @@ class LeylineMemory:
         """Delete the thread's runtime session and its local state."""
         th = self._thread(thread_id)
         with contextlib.suppress(SessionNotFound):
-            self._sync_client().delete_session(th.session_id)
+            self._driver.sync_client().delete_session(th.session_id)
         self.forget_thread(thread_id)
 
     async def areset(self, thread_id: str) -> None:
         th = self._thread(thread_id)
         with contextlib.suppress(SessionNotFound):
-            await self._call_async(_Req("delete_session", (th.session_id,)))
+            await self._driver.call_async(Req("delete_session", (th.session_id,)))
         self.forget_thread(thread_id)
 
     # -- synchronising ----------------------------------------------------------------
@@ -332,7 +169,8 @@ class LeylineMemory:
         the view has no tools message of its own; keep the session's.
         """
         op: Op = "append" if append_tail else "defer"
-        out = self._run(thread_id, self._flow(thread_id, view, op=op, create=create, keep_tools=keep_tools_message))
+        out = self._driver.run(self._thread(thread_id).lock,
+                               self._flow(thread_id, view, op=op, create=create, keep_tools=keep_tools_message))
         return out.directives, out.tail
 
     async def async_sync(
@@ -345,8 +183,8 @@ class LeylineMemory:
         keep_tools_message: bool = False,
     ) -> tuple[list[Directive], list[Message]]:
         op: Op = "append" if append_tail else "defer"
-        out = await self._arun(thread_id, self._flow(thread_id, view, op=op, create=create,
-                                                     keep_tools=keep_tools_message))
+        out = await self._driver.arun(self._thread(thread_id).lock,
+                                      self._flow(thread_id, view, op=op, create=create, keep_tools=keep_tools_message))
         return out.directives, out.tail
 
     def generate(
@@ -362,8 +200,8 @@ class LeylineMemory:
         The returned message carries ``message_id`` (the id the caller will give
         it, e.g. the LangChain message id), and so does the shadow.
         """
-        out = self._run(thread_id, self._flow(thread_id, view, op="generate", sampling=_sampling(sampling),
-                                              message_id=message_id))
+        out = self._driver.run(self._thread(thread_id).lock, self._flow(
+            thread_id, view, op="generate", sampling=_sampling(sampling), message_id=message_id))
         assert out.response is not None
         return out.response
 
@@ -375,8 +213,8 @@ class LeylineMemory:
         message_id: str | None = None,
         **sampling: Any,
     ) -> GenerateResponse:
-        out = await self._arun(thread_id, self._flow(thread_id, view, op="generate",
-                                                     sampling=_sampling(sampling), message_id=message_id))
+        out = await self._driver.arun(self._thread(thread_id).lock, self._flow(
+            thread_id, view, op="generate", sampling=_sampling(sampling), message_id=message_id))
         assert out.response is not None
         return out.response
 
@@ -397,7 +235,7 @@ class LeylineMemory:
         """
         flow = self._flow(thread_id, view, op="generate", sampling=_sampling(sampling), message_id=message_id)
         with self._thread(thread_id).lock:
-            out = yield from self._drive(flow, stream=True)
+            out = yield from self._driver.drive(flow, stream=True)
         assert out.response is not None
         yield out.response
 
@@ -411,9 +249,11 @@ class LeylineMemory:
     ) -> AsyncIterator[StreamEvent]:
         """:meth:`generate_stream`, async."""
         flow = self._flow(thread_id, view, op="generate", sampling=_sampling(sampling), message_id=message_id)
-        async with self._locked(thread_id), contextlib.aclosing(self._adrive(flow, stream=True)) as steps:
+        driver = self._driver
+        async with driver.locked(self._thread(thread_id).lock), \
+                contextlib.aclosing(driver.adrive(flow, stream=True)) as steps:
             async for event in steps:
-                if isinstance(event, _Outcome):
+                if isinstance(event, Outcome):
                     assert event.response is not None
                     yield event.response
                 else:
@@ -435,310 +275,28 @@ class LeylineMemory:
             return
         th.shadow[-1] = last.model_copy(update={"id": message_id})
 
-    # -- the flow (one implementation, driven sync or async) ----------------------------
+    # -- the flow (one implementation, driven sync or async: _memory_flow, _memory_drivers) ----
 
-    def _thread(self, thread_id: str) -> _Thread:
+    @property
+    def _driver(self) -> Driver:
+        return Driver(self.client, self.async_client)
+
+    def _thread(self, thread_id: str) -> ThreadState:
         with self._lock:
             th = self._threads.get(thread_id)
             if th is None:
-                th = self._threads[thread_id] = _Thread(thread_id, self.session_id(thread_id))
+                th = self._threads[thread_id] = ThreadState(thread_id, self.session_id(thread_id))
             return th
 
-    def _flow(
-        self,
-        thread_id: str,
-        view_in: Sequence[Message | Mapping[str, Any]],
-        *,
-        op: Op,
-        create: bool = True,
-        keep_tools: bool = False,
-        sampling: Mapping[str, Any] | None = None,
-        message_id: str | None = None,
-    ) -> Generator[_Req, Any, _Outcome]:
-        th = self._thread(thread_id)
-        p = th.pending
-        view = [m if isinstance(m, Message) else Message.model_validate(m) for m in view_in]
-        sent: list[Directive] = []
-        create_error: InvalidDirective | None = None
-        for _ in range(self.max_attempts):
-            if th.shadow is None and not th.missing:
-                try:  # known to the runtime but not to us (new process, conflict): adopt it
-                    info = yield _Req("get_session", (th.session_id,), {"include_messages": True})
-                except SessionNotFound:
-                    if create_error is not None:
-                        raise create_error from None  # the create was refused for its content
-                    th.missing = True
-                else:
-                    th.shadow, th.version, th.missing = list(info.messages or []), info.version, False
-                    p.resyncs += 1
-            if th.shadow is None:
-                if not create:
-                    return _Outcome([], [])
-                target = self._with_tools(view, None) if keep_tools else view
-                try:
-                    info = yield _Req("create_session", (target,), {"session_id": th.session_id})
-                except InvalidDirective as exc:  # created meanwhile by someone else? adopt it
-                    th.missing, create_error = False, exc
-                    continue
-                th.shadow, th.version, th.missing = list(target), info.version, False
-                p.prefilled += info.num_tokens
-                p.prefix_cache = 0  # a fresh session has nothing cached
-                p.built = True
-                if th.built_once:
-                    p.rebuilds += 1
-                th.built_once = True
-            target = self._with_tools(view, th.shadow) if keep_tools else view
-            plan = plan_batch(th.shadow, target, policy=self.policy)
-            if plan.rebuild:  # too many edits for one batch: build the session afresh from the view
-                with contextlib.suppress(SessionNotFound):
-                    yield _Req("delete_session", (th.session_id,))
-                th.lost()
-                continue
-            directives, local, tail = plan.directives, plan.local, plan.tail
-            if directives:
-                prefix_floor = 0
-                k = _common_prefix(th.shadow, target)
-                if k > min(d.span.start for d in directives):
-                    # Messages equal up to k although the diff edits earlier (duplicates):
-                    # a prefix cache reuses them; find their tokens in the segment table.
-                    try:
-                        seg_info: SessionInfo = yield _Req("get_session", (th.session_id,))
-                        prefix_floor = _offset(seg_info, k)
-                    except SessionNotFound:
-                        th.lost()
-                        continue
-                try:
-                    result: DirectiveResult = yield _Req(
-                        "apply", (th.session_id, directives), {"expected_version": th.version})
-                except SessionNotFound:
-                    th.lost()
-                    continue
-                except VersionConflict:
-                    th.stale()
-                    continue
-                except InvalidDirective:
-                    # The runtime refuses this batch: start the session afresh from the view.
-                    with contextlib.suppress(SessionNotFound):
-                        yield _Req("delete_session", (th.session_id,))
-                    th.lost()
-                    continue
-                self._record(p, th.shadow, directives, result, prefix_floor)
-                sent.extend(directives)
-                th.shadow = apply_directives(th.shadow, [*directives, *local])
-                th.version = result.version
-            elif local:
-                th.shadow = apply_directives(th.shadow, local)
-            if op == "defer":
-                return _Outcome(sent, tail)
-            if op == "append":
-                if tail:
-                    try:
-                        appended: AppendResult = yield _Req(
-                            "append", (th.session_id, tail), {"expected_version": th.version})
-                    except SessionNotFound:
-                        th.lost()
-                        continue
-                    except VersionConflict:
-                        th.stale()
-                        continue
-                    p.prefilled += appended.usage.prefill_tokens
-                    p.first_mutation(appended.usage.cached_tokens)
-                    th.shadow = [*th.shadow, *tail]
-                    th.version = appended.version
-                return _Outcome(sent, tail)
-            try:
-                response: GenerateResponse = yield _Req(
-                    "generate", (th.session_id, tail),
-                    {"expected_version": th.version, **(sampling or {})})
-            except SessionNotFound:
-                th.lost()
-                continue
-            except VersionConflict:
-                th.stale()
-                continue
-            message = response.message.model_copy(update={"id": message_id})
-            response = response.model_copy(update={"message": message})
-            th.shadow = [*th.shadow, *tail, message]
-            th.version = response.version
-            usage = response.usage
-            p.prefilled += usage.prefill_tokens
-            p.first_mutation(usage.cached_tokens)
-            call = self._finish_call(th, usage.prompt_tokens, usage.completion_tokens)
-            if self.on_call is not None:
-                self.on_call(call, th.shadow[:-1])
-            return _Outcome(sent, tail, response, call)
-        raise LeylineError(
-            f"could not bring session {th.session_id} in step after {self.max_attempts} attempts")
-
-    def _with_tools(self, view: list[Message], shadow: list[Message] | None) -> list[Message]:
-        """The view with the session's tools message kept in front (see ``keep_tools_message``)."""
-        if view and view[0].id == TOOLS_MESSAGE_ID:
-            return view
-        if shadow and shadow[0].id == TOOLS_MESSAGE_ID:
-            return [shadow[0], *view]
-        return view
-
-    def _record(self, p: _Pending, old: list[Message], directives: list[Directive],
-                result: DirectiveResult, prefix_floor: int) -> None:
-        outcomes: list[DirectiveOutcome] = result.outcomes
-        ordered = sorted(zip(directives, outcomes), key=lambda pair: pair[0].span.start)
-        p.directives += len(directives)
-        for d, o in ordered:
-            reason = None
-            if self.policy is default_policy:
-                reason = explain_edit(EditContext(
-                    old_messages=tuple(old[d.span.start:d.span.end]),
-                    new_messages=tuple(d.replacement),  # type: ignore[arg-type]
-                    start=d.span.start, total_messages=len(old)))[1]
-            p.edits.append(EditRecord(
-                start=d.span.start, end=d.span.end, replacement=len(d.replacement),
-                requested_mode=o.requested_mode, applied_mode=o.applied_mode,
-                fallback_reason=o.fallback_reason, token_start=o.token_start,
-                token_end=o.token_end, delta=o.delta, reason=reason))
-            p.rotated += o.rotated_tokens
-            p.recomputed += o.recomputed_tokens
-        first_changed = min((o.token_start for o in outcomes), default=0)
-        p.first_mutation(max(first_changed, prefix_floor))
-
-    def _finish_call(self, th: _Thread, prompt_tokens: int, completion_tokens: int) -> CallStats:
-        p = th.pending
-        reused = max(0, prompt_tokens - p.rotated - p.recomputed - p.prefilled)
-        call = CallStats(
-            thread_id=th.thread_id, session_id=th.session_id, directives=p.directives, edits=p.edits,
-            prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, reused_tokens=reused,
-            rotated_tokens=p.rotated, recomputed_tokens=p.recomputed, prefilled_tokens=p.prefilled,
-            prefix_cache_tokens=p.prefix_cache or 0, built=p.built, resyncs=p.resyncs, rebuilds=p.rebuilds)
-        th.calls.append(call)
-        th.pending = _Pending()
-        return call
-
-    # -- drivers --------------------------------------------------------------------------
-
-    def _sync_client(self) -> LeylineClient:
-        if self.client is None:
-            raise TypeError("this LeylineMemory has only an async client; use the async methods "
-                            "(ainvoke/astream) or give it a LeylineClient")
-        return self.client
-
-    def _run(self, thread_id: str, flow: Generator[_Req, Any, _Outcome]) -> _Outcome:
-        with self._thread(thread_id).lock:
-            steps = self._drive(flow, stream=False)
-            while True:
-                try:
-                    next(steps)
-                except StopIteration as stop:
-                    return stop.value
-
-    def _drive(self, flow: Generator[_Req, Any, _Outcome], stream: bool) -> Generator[str, None, _Outcome]:
-        """Make the flow's calls; with ``stream`` the generate is streamed and its deltas yielded."""
-        client = self._sync_client()
-        value: Any = None
-        error: LeylineError | None = None
-        streamed = False
-        while True:
-            try:
-                req = flow.throw(error) if error is not None else flow.send(value)
-            except StopIteration as stop:
-                return stop.value
-            try:
-                if stream and req.method == "generate":
-                    for event in client.generate_stream(*req.args, **req.kwargs):
-                        if isinstance(event, GenerateResponse):
-                            value = event
-                        else:
-                            streamed = True
-                            yield event
-                else:
-                    value = getattr(client, req.method)(*req.args, **req.kwargs)
-                error = None
-            except LeylineError as exc:
-                if streamed:
-                    raise  # text went out: no recovery can take it back
-                value, error = None, exc
-
-    @contextlib.asynccontextmanager
-    async def _locked(self, thread_id: str) -> AsyncIterator[None]:
-        lock = self._thread(thread_id).lock
-        while not lock.acquire(blocking=False):  # a threading lock: sync callers hold it too
-            await asyncio.sleep(0.005)
-        try:
-            yield
-        finally:
-            lock.release()
-
-    async def _arun(self, thread_id: str, flow: Generator[_Req, Any, _Outcome]) -> _Outcome:
-        async with self._locked(thread_id), contextlib.aclosing(self._adrive(flow, stream=False)) as steps:
-            async for event in steps:
-                if isinstance(event, _Outcome):
-                    return event
-        raise AssertionError("the flow ended without an outcome")
-
-    async def _adrive(self, flow: Generator[_Req, Any, _Outcome], stream: bool) -> AsyncGenerator[str | _Outcome, None]:
-        """:meth:`_drive`, async: yields the deltas, then the flow's outcome."""
-        value: Any = None
-        error: LeylineError | None = None
-        streamed = False
-        while True:
-            try:
-                req = flow.throw(error) if error is not None else flow.send(value)
-            except StopIteration as stop:
-                yield stop.value
-                return
-            try:
-                if stream and req.method == "generate":
-                    async for event in self._agenerate_stream(req):
-                        if isinstance(event, GenerateResponse):
-                            value = event
-                        else:
-                            streamed = True
-                            yield event
-                else:
-                    value = await self._call_async(req)
-                error = None
-            except LeylineError as exc:
-                if streamed:
-                    raise
-                value, error = None, exc
-
-    async def _agenerate_stream(self, req: _Req) -> AsyncIterator[StreamEvent]:
-        if self.async_client is not None:
-            async for event in self.async_client.generate_stream(*req.args, **req.kwargs):
-                yield event
-            return
-        # only a sync client: stream it from a worker thread
-        events = self._sync_client().generate_stream(*req.args, **req.kwargs)
-
-        def step() -> StreamEvent | None:
-            return next(events, None)
-
-        while (item := await asyncio.to_thread(step)) is not None:
-            yield item
-
-    async def _call_async(self, req: _Req) -> Any:
-        if self.async_client is not None:
-            return await getattr(self.async_client, req.method)(*req.args, **req.kwargs)
-        method = getattr(self._sync_client(), req.method)
-        return await asyncio.to_thread(method, *req.args, **req.kwargs)
-
-
-# --- helpers -------------------------------------------------------------------------------
+    def _flow(self, thread_id: str, view: Sequence[Message | Mapping[str, Any]], *, op: Op,
+              **options: Any) -> Flow:
+        flow = SyncFlow(self._thread(thread_id), policy=self.policy, max_attempts=self.max_attempts,
+                        on_call=self.on_call)
+        return flow.run(view, op=op, **options)
 
 
 def _sampling(params: Mapping[str, Any]) -> dict[str, Any]:
-    unknown = set(params) - SAMPLING_KEYS
+    unknown = set(params) - GENERATE_OPTIONS
     if unknown:
         raise TypeError(f"unknown sampling parameters: {sorted(unknown)}")
     return {k: v for k, v in params.items() if v is not None}
-
-
-def _common_prefix(old: Sequence[Message], new: Sequence[Message]) -> int:
-    k = 0
-    while k < min(len(old), len(new)) and old[k].fingerprint() == new[k].fingerprint():
-        k += 1
-    return k
-
-
-def _offset(info: SessionInfo, k: int) -> int:
-    if k < len(info.segments):
-        return info.segments[k].start
-    return info.num_tokens

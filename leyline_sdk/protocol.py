@@ -26,6 +26,7 @@ MAX_ID_LENGTH = 128
 # Session ids travel in URL paths: one path segment of unreserved characters,
 # starting with a letter or digit (so never "." or ".."). 1-128 characters.
 SESSION_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$"
+SESSION_ID_RULE = "1-128 characters of A-Z a-z 0-9 . _ : @ -, starting with a letter or digit"
 # torch.Generator.manual_seed takes [-2**63, 2**64); outside that a seed cannot be honoured.
 MIN_SEED, MAX_SEED = -(2**63), 2**64 - 1
 # Directives one batch may carry; a history edit that needs more rebuilds the session
@@ -46,8 +47,7 @@ def _encodable(text: str) -> str:
 
 Text = Annotated[str, AfterValidator(_encodable)]
 SessionId = Annotated[str, Field(pattern=SESSION_ID_PATTERN, min_length=1, max_length=MAX_ID_LENGTH,
-                                 description="1-128 characters of A-Z a-z 0-9 . _ : @ -, "
-                                             "starting with a letter or digit")]
+                                 description=SESSION_ID_RULE)]
 
 
 class FunctionCall(BaseModel):

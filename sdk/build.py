@@ -2,10 +2,10 @@
 
     python sdk/build.py [--out dist]
 
-The SDK wheel is built from a staged folder: this folder's ``pyproject.toml``
-and ``README.md`` beside a copy of ``leyline_sdk/``, so nothing else of the
-repository can end up in it. Uses ``pip wheel`` with the running
-interpreter's setuptools when it has one (offline), else pip's isolated build.
+The SDK wheel is built from this folder as ``pip install ./sdk`` builds it (its
+``pyproject.toml`` names ``leyline_sdk`` alone, read from the repository root).
+Uses ``pip wheel`` with the running interpreter's setuptools when it has one
+(offline), else pip's isolated build.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import argparse
 import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 SDK_DIR = Path(__file__).resolve().parent
@@ -40,21 +39,15 @@ def _setuptools_builds_wheels() -> bool:
     return (major, minor) >= (77, 0)
 
 
-def stage_sdk(stage: Path) -> Path:
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy2(SDK_DIR / name, stage / name)
-    shutil.copytree(ROOT / "leyline_sdk", stage / "leyline_sdk", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    return stage
-
-
 def build(out: Path) -> tuple[Path, Path]:
     out.mkdir(parents=True, exist_ok=True)
     for old in [*out.glob("leyline_kv-*.whl"), *out.glob("leyline_kv_sdk-*.whl")]:
         old.unlink()
     full = pip_wheel(ROOT, out)
-    shutil.rmtree(ROOT / "build", ignore_errors=True)  # setuptools' scratch copy of the packages
-    with tempfile.TemporaryDirectory(prefix="leyline-sdk-") as tmp:
-        sdk = pip_wheel(stage_sdk(Path(tmp)), out)
+    sdk = pip_wheel(SDK_DIR, out)
+    # setuptools' scratch copies of the packages, and the SDK's metadata scratch folder (setup.cfg)
+    for scratch in (ROOT / "build", SDK_DIR / "build", *SDK_DIR.glob("*.egg-info")):
+        shutil.rmtree(scratch, ignore_errors=True)
     return full, sdk
 
 

@@ -208,7 +208,7 @@ def test_auto_policy_and_forced_auto():
 
 def test_serve_flag_for_the_drift_budget():
     parse = cli.build_parser().parse_args
-    assert parse(["serve"]).drift_budget == AutoConfig().drift_budget == cli.DRIFT_BUDGET_DEFAULT
+    assert parse(["serve"]).drift_budget == AutoConfig().drift_budget
     assert parse(["serve", "--drift-budget", "none"]).drift_budget is None
     assert parse(["serve", "--drift-budget", "0.25"]).drift_budget == 0.25
     for bad in ("-1", "nan", "lots"):

@@ -63,10 +63,16 @@ def run_cli(module: str, argv: list[str], blocked: tuple[str, ...] = ()) -> tupl
     return report["code"], out, result.stderr, report["heavy"]
 
 
-@pytest.mark.parametrize("argv", [["--help"], ["serve", "--help"], ["train", "--help"], ["evaluate", "--help"]])
-def test_help_imports_nothing_heavy(argv):
-    code, out, _, heavy = run_cli("leyline_runtime.cli", argv)
-    assert code == 0 and "usage: leyline-runtime" in out
+@pytest.mark.parametrize(("module", "program", "argv"), [
+    ("leyline_runtime.cli", "leyline-runtime", ["--help"]),
+    ("leyline_runtime.cli", "leyline-runtime", ["serve", "--help"]),
+    ("leyline_training.__main__", "leyline-train", ["--help"]),
+    ("leyline_training.__main__", "leyline-train", ["train", "--help"]),
+    ("leyline_training.__main__", "leyline-train", ["evaluate", "--help"]),
+])
+def test_help_imports_nothing_heavy(module, program, argv):
+    code, out, _, heavy = run_cli(module, argv)
+    assert code == 0 and f"usage: {program}" in out
     assert heavy == []
 
 
@@ -75,6 +81,11 @@ def test_bench_help_imports_nothing_heavy():
     assert code == 0 and "usage: leyline-bench" in out and "replay" in out
     assert heavy == []
     assert "``" not in out
+
+
+def test_the_runtime_command_line_has_no_training_commands():
+    code, _, err, _ = run_cli("leyline_runtime.cli", ["train", "--help"])
+    assert code == 2 and "invalid choice: 'train'" in err
 
 
 def test_help_works_without_the_runtime_extra():
@@ -88,6 +99,7 @@ def test_every_command_spells_dtype_the_same_way():
         import argparse, json
         from leyline_bench.cli import build_parser as bench
         from leyline_runtime.cli import build_parser as runtime
+        from leyline_training.__main__ import build_parser as training
 
         def helps(parser):
             sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
@@ -100,16 +112,16 @@ def test_every_command_spells_dtype_the_same_way():
 
         assert not flags_without_help(bench()), flags_without_help(bench())
 
-        print(json.dumps({"runtime": helps(runtime()), "bench": helps(bench())}))
+        print(json.dumps({"runtime": helps(runtime()), "bench": helps(bench()), "train": helps(training())}))
         """)
     assert result.returncode == 0, result.stderr
     helps = json.loads(result.stdout)
     assert "--dtype {float32,bfloat16}" in helps["runtime"]["serve"]
-    assert "--dtype {auto,float32,bfloat16}" in helps["runtime"]["train"]
+    assert "--dtype {auto,float32,bfloat16}" in helps["train"]["train"]
     assert "--dtype {float32,bfloat16}" in helps["bench"]["kernel"]
     for name, text in helps["bench"].items():
         assert "``" not in text, name
-    for name, text in {**helps["runtime"], **helps["bench"]}.items():
+    for name, text in [*helps["runtime"].items(), *helps["bench"].items(), *helps["train"].items()]:
         spellings = set(re.findall(r"--dtype \{([^}]*)\}", text))
         assert spellings <= {"float32,bfloat16", "auto,float32,bfloat16"}, name
 
@@ -122,7 +134,7 @@ def one_line(stderr: str) -> str:
 
 @pytest.mark.parametrize(("module", "argv", "extra"), [
     ("leyline_runtime.cli", ["serve"], "runtime"),
-    ("leyline_runtime.cli", ["evaluate", "--tasks", "1"], "train"),
+    ("leyline_training.__main__", ["evaluate", "--tasks", "1"], "train"),
     ("leyline_bench.cli", ["edit", "--quick"], "bench"),
 ])
 def test_a_command_without_its_extra_says_what_to_install(module, argv, extra):

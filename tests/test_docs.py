@@ -98,6 +98,8 @@ def command_lines(text: str) -> list[str]:
 def cli_parser(program: str) -> argparse.ArgumentParser:
     if program == "leyline-runtime":
         from leyline_runtime.cli import build_parser
+    elif program == "leyline-train":
+        from leyline_training.__main__ import build_parser
     else:
         from leyline_bench.cli import build_parser
     return build_parser()
@@ -113,7 +115,7 @@ def test_cli_commands_in_the_docs_parse(document):
     checked = 0
     for line in command_lines(document.read_text()):
         words = line.split()
-        if not words or words[0].removeprefix(".venv/bin/") not in {"leyline-runtime", "leyline-bench"}:
+        if not words or words[0].removeprefix(".venv/bin/") not in {"leyline-runtime", "leyline-bench", "leyline-train"}:
             continue
         program = words[0].removeprefix(".venv/bin/")
         parser = cli_parser(program)

@@ -5,7 +5,7 @@ import torch
 
 from leyline_sdk.errors import CapacityExceeded
 from leyline_sdk.protocol import GenerateRequest, SessionCreate
-from leyline_runtime.engine.kv_cache import BlockPool, BlockTable, ensure_capacity
+from leyline_runtime.engine.kv_cache import BlockTable
 from leyline_runtime.runtime import Runtime, RuntimeConfig
 
 from helpers import agent_history, fp32_diff
@@ -22,14 +22,14 @@ def test_chunked_prefill_and_decode_equal_forward(rt, chunk):
     tokens = torch.randint(0, rt.model.config.vocab_size, (n,), generator=torch.Generator().manual_seed(chunk))
     full = rt.model(tokens[None])[0]
     table = BlockTable(rt.pool.block_size)
-    ensure_capacity(rt.pool, table, n)
+    rt.blocks.reserve(table, n)
     rt.engine.prefill_chunk = chunk
     try:
         prefix = rt.engine.prefill(table, tokens[:250].tolist(), 0, logits="all")
         steps = [rt.engine.prefill(table, [int(t)], 250 + i) for i, t in enumerate(tokens[250:])]
     finally:
         rt.engine.prefill_chunk = 2048
-        rt.pool.free(table.blocks)
+        rt.blocks.release(table)
     # one-token steps take the decode attention path (other sums, other order): seen up to 1.1e-5 of
     # the logits' size with two threads; a wrong row or position is off by O(1)
     assert fp32_diff(prefix, full[:250]) <= 3e-5
@@ -56,22 +56,21 @@ def test_generated_message_tokens_are_in_the_cache(rt):
     assert s.table.capacity >= s.num_tokens
     full = rt.model(torch.tensor([s.tokens]))[0, -1]
     table_rows = BlockTable(rt.pool.block_size, list(s.table.blocks))
-    ensure_capacity(rt.pool, table_rows, s.num_tokens + 1)
+    added = rt.blocks.reserve(table_rows, s.num_tokens + 1)
     nxt = rt.engine.prefill(table_rows, [s.tokens[-1]], s.num_tokens - 1)  # rewrite last row, read the rest
     assert (nxt - full).abs().max().item() <= 1e-4
-    rt.pool.free(table_rows.blocks[len(s.table.blocks):])
+    rt.blocks.release(added)
     rt.delete_session(sid)
 
 
 def test_block_pool_capacity_error():
     rt = Runtime(RuntimeConfig(max_cache_tokens=32, block_size=16))
-    pool: BlockPool = rt.pool
-    got = pool.allocate(2)
-    assert len(got) == 2 and pool.num_free == 0
+    got = rt.blocks.take(2)
+    assert len(got) == 2 and rt.blocks.num_free == 0
     with pytest.raises(CapacityExceeded, match="blocks"):
-        pool.allocate(1)
-    pool.free(got)
-    assert pool.num_free == 2
+        rt.blocks.take(1)
+    rt.blocks.release(got)
+    assert rt.blocks.num_free == 2
 
 
 def test_min_tokens_holds_back_the_end_of_the_message(rt):

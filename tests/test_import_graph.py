@@ -4,8 +4,8 @@ Every ``import`` in our packages, module level or inside a function, is
 read from the source (ast) and checked against the direction table in
 docs/design.md ("Import directions"), which this test parses: the document
 and the code cannot drift apart. There must be no import cycle between
-modules either. The one documented exception (``leyline_runtime.cli`` runs
-``train``/``evaluate`` from ``leyline_training``) must stay function-local.
+modules either. A documented exception (a line ``- exception: `a.b` → `pkg```)
+must stay function-local; there is none today.
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ KEY = "reliability-key"
 # The documented native error codes (docs/operations.md), by status.
 CODES = {
     400: {"invalid_body"}, 401: {"unauthorized"}, 404: {"session_not_found", "not_found"},
-    405: {"method_not_allowed"}, 408: {"request_timeout"}, 409: {"version_conflict"},
+    405: {"method_not_allowed"}, 408: {"request_timeout"}, 409: {"version_conflict", "session_exists"},
     413: {"request_too_large", "capacity_exceeded"},
     422: {"validation_error", "invalid_span", "overlapping_spans", "invalid_directive", "invalid_request"},
 }
@@ -113,7 +113,7 @@ def cases() -> list[tuple[str, str, str, Any, int]]:
                                 "a%2Fb", "_x", SURROGATE]):
         add(f"create-id-{i}", "POST", "/sessions", {"session_id": bad_id}, 422)
     add("create-id-int", "POST", "/sessions", {"session_id": 5}, 422)
-    add("create-duplicate", "POST", "/sessions", {"session_id": VICTIM}, 422)
+    add("create-duplicate", "POST", "/sessions", {"session_id": VICTIM}, 409)
     bad_messages = {
         "not-a-list": "nope", "bad-role": [msg("robot")], "developer-native": [msg("developer")],
         "content-surrogate": [msg("user", "a" + SURROGATE)], "name-surrogate": [msg("tool", name=SURROGATE)],

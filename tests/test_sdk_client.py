@@ -10,6 +10,7 @@ import asyncio
 import inspect
 import json
 import socket
+import typing
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -22,6 +23,7 @@ from leyline_sdk import (
     APIStatusError,
     APITimeoutError,
     AsyncLeylineClient,
+    AsyncStream,
     CapacityExceeded,
     Directive,
     DirectiveResult,
@@ -35,12 +37,14 @@ from leyline_sdk import (
     SessionInfo,
     SessionNotFound,
     Span,
+    Stream,
     Unauthorized,
     ValidationFailed,
     VersionConflict,
-    _base,
     error_for,
 )
+from leyline_sdk._config import DEFAULT_TIMEOUT
+from leyline_sdk._retry import RetryPolicy
 
 Handler = Callable[[httpx.Request], httpx.Response]
 
@@ -156,7 +160,7 @@ def make_client(request: pytest.FixtureRequest) -> Iterator[Callable[..., Blocki
 def _no_env_no_wait(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("LEYLINE_BASE_URL", raising=False)
     monkeypatch.delenv("LEYLINE_API_KEY", raising=False)
-    monkeypatch.setattr(_base, "INITIAL_RETRY_DELAY", 0.0)
+    monkeypatch.setattr(RetryPolicy, "initial_delay", 0.0)
 
 
 # --- request shapes --------------------------------------------------------------------------
@@ -353,7 +357,7 @@ def test_defaults(make_client: Callable[..., Blocking]) -> None:
     client = make_client(rec, base_url=None)
     client.health()
     assert str(rec.last.url) == "http://127.0.0.1:8000/healthz"
-    assert client.max_retries == 2 and client.timeout == _base.DEFAULT_TIMEOUT
+    assert client.max_retries == 2 and client.timeout == DEFAULT_TIMEOUT
     assert make_client(rec, timeout=3.0).timeout == httpx.Timeout(3.0)
 
 
@@ -494,12 +498,10 @@ def test_http_statuses_are_not_retried(make_client: Callable[..., Blocking], sta
 
 
 def test_retry_delays_grow_and_stay_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_base, "INITIAL_RETRY_DELAY", 0.25)
-    config = _base.ClientConfig.resolve(None, None, None, 10, None)
-    delays = [
-        _base.retry_delay_or_raise(httpx.ConnectError("x"), attempt, config) for attempt in range(8)
-    ]
-    assert all(0 < d <= _base.MAX_RETRY_DELAY for d in delays)
+    monkeypatch.setattr(RetryPolicy, "initial_delay", 0.25)
+    policy = RetryPolicy(max_retries=10, base_url="http://h:1")
+    delays = [policy.delay_or_raise(httpx.ConnectError("x"), attempt) for attempt in range(8)]
+    assert all(0 < d <= RetryPolicy.max_delay for d in delays)
     assert delays[0] < delays[3]
 
 
@@ -578,7 +580,10 @@ def test_sync_and_async_have_the_same_surface() -> None:
             p.name for p in async_[name].parameters.values()
         ], name
         method = getattr(AsyncLeylineClient, name)
-        assert inspect.iscoroutinefunction(method) or inspect.isasyncgenfunction(method), name
+        # A stream is returned at once (it sends when first iterated), as openai-python's is.
+        streams = typing.get_type_hints(method).get("return") is AsyncStream
+        assert inspect.iscoroutinefunction(method) or streams, name
+        assert streams == (typing.get_type_hints(getattr(LeylineClient, name)).get("return") is Stream), name
     assert {
         "create_session",
         "get_session",

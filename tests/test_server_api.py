@@ -77,7 +77,9 @@ def test_session_lifecycle(client):
     assert r.status_code == 200, r.text
     gen = r.json()
     assert gen["message"]["role"] == "assistant" and gen["finish_reason"] in ("stop", "length")
-    assert gen["usage"]["completion_tokens"] == len(gen["logprobs"]) <= 3
+    # one logprob per content token (the end marker has none), and their texts join to the content
+    assert len(gen["logprobs"]) <= gen["usage"]["completion_tokens"] <= 3
+    assert "".join(lp["token"] for lp in gen["logprobs"]) == gen["message"]["content"]
     assert all(len(lp["top_logprobs"]) == 2 for lp in gen["logprobs"])
     assert gen["version"] == 4  # append + generate
     assert snapshot(client, sid)["num_messages"] == 6

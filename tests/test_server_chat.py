@@ -19,7 +19,6 @@ from test_server_support import (
 from leyline_runtime.text import chat_template as tpl
 from leyline_runtime import create_app
 from leyline_runtime.engine.engine import Generation
-from leyline_runtime.engine.kv_cache import ensure_capacity
 from leyline_sdk.tools_prompt import TOOLS_MESSAGE_ID
 from leyline_runtime.server.streaming import DeltaDecoder
 
@@ -74,7 +73,7 @@ def scripted(runtime, monkeypatch):
                 if tok in stop_ids:
                     return Generation(tokens + [tok], "stop")
                 tokens.append(tok)
-                ensure_capacity(runtime.pool, table, position + 1)
+                runtime.blocks.reserve(table, position + 1)
                 runtime.engine.prefill(table, [tok], position)
                 position += 1
             return Generation(tokens, "length")

@@ -40,7 +40,7 @@ LIMITS = Limits(max_body_bytes=32 * 1024, max_message_bytes=2048, max_messages=8
 VICTIM = "victim"
 # Every documented native error code (docs/operations.md).
 DOCUMENTED_CODES = {"invalid_body", "unauthorized", "session_not_found", "not_found", "method_not_allowed",
-                    "request_timeout", "version_conflict", "request_too_large", "capacity_exceeded",
+                    "request_timeout", "version_conflict", "session_exists", "request_too_large", "capacity_exceeded",
                     "validation_error", "invalid_span", "overlapping_spans", "invalid_directive", "invalid_request"}
 
 

@@ -208,7 +208,7 @@ def test_without_closing_the_same_replies_are_cut(client, monkeypatch):
 
 
 def test_evaluate_constrained_decodes_with_the_grammar(capsys):
-    """``leyline-runtime evaluate --constrained``: every attempted call is well-formed (by construction)."""
+    """``leyline-train evaluate --constrained``: every attempted call is well-formed (by construction)."""
     from leyline_training.evaluate import main
 
     with torch_threads(1):

@@ -596,3 +596,29 @@ def test_script_call_probe_scores_a_copied_name(tok):
     assert script_calls(copier, 6)["exact"] == 1.0
     wrong = script_calls(lambda m, t: Message(role="assistant", content="no call"), 6)
     assert wrong["exact"] == 0.0 and wrong["first_character"] == 0.0
+
+
+def test_the_training_command_line_trains_and_evaluates(tmp_path):
+    """``leyline-train train`` / ``evaluate`` (run as ``python -m leyline_training``, what the
+    console script calls): one step from the default model, then an evaluation of the result."""
+    import json
+    import subprocess
+    import sys
+
+    from leyline_runtime.model.default import DEFAULT_MODEL_DIR
+
+    def leyline_train(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "leyline_training", *argv], capture_output=True,
+                              text=True, timeout=600, check=False)
+
+    run = tmp_path / "run"
+    trained = leyline_train("train", "--out", str(run), "--init-from", str(DEFAULT_MODEL_DIR), "--max-steps", "1",
+                            "--seq-len", "1024", "--lr", "1e-9", "--warmup-steps", "1", "--eval-transcripts", "0",
+                            "--threads", "1")
+    assert trained.returncode == 0, trained.stderr
+    assert json.loads((run / "model" / "training.json").read_text())["steps"] == 1
+    out = tmp_path / "eval.json"
+    evaluated = leyline_train("evaluate", "--model", str(run / "model"), "--tasks", "1", "--max-turns", "1",
+                              "--ppl-transcripts", "0", "--threads", "1", "--out", str(out))
+    assert evaluated.returncode == 0, evaluated.stderr
+    assert json.loads(out.read_text())["model"] == str(run / "model")

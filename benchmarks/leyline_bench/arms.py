@@ -83,7 +83,6 @@ def _probe(runtime: Runtime, session_id: str, max_tokens: int, tenant: str) -> t
     with runtime._lock:
         session = runtime._get(tenant, session_id)
         n = session.num_tokens
-        blocks = len(session.table.blocks)
         runtime._grow(session, n + 1 + max_tokens)
         try:
             logits = runtime.engine.prefill(session.table, [runtime.tokenizer.role_ids["assistant"]], n).clone()
@@ -94,7 +93,7 @@ def _probe(runtime: Runtime, session_id: str, max_tokens: int, tenant: str) -> t
                                                runtime.max_positions).tokens
             return logits, tokens
         finally:
-            runtime._shrink(session, blocks)
+            runtime.blocks.trim(session.table, n)
 
 
 def run_arms(runtime: Runtime, history: list[Message], directives: list[Directive],

@@ -127,7 +127,7 @@ class EditCell:
     def _copy(self) -> float:
         pool = self.runtime.pool
         n = self._moved_rows()
-        blocks = pool.allocate(pool.blocks_for(n))
+        blocks = self.runtime.blocks.take(pool.blocks_for(n))
         try:
             table = self.runtime._sessions[(TENANT, self.base_id)].table
             src = table.rows(len(self.old_ids) - n, len(self.old_ids))
@@ -142,7 +142,7 @@ class EditCell:
 
             return timed(copy)[0]
         finally:
-            pool.free(blocks)
+            self.runtime.blocks.release(blocks)
 
     def _apply(self, mode: str) -> float:
         fork = fork_session(self.runtime, self.base_id, TENANT)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import uuid
 
-from leyline_runtime.engine.kv_cache import BlockTable, ensure_capacity
+from leyline_runtime.engine.kv_cache import BlockTable
 from leyline_runtime.runtime import Runtime
 from leyline_runtime.sessions.session import Session
 
@@ -19,7 +19,7 @@ def fork_session(runtime: Runtime, session_id: str, tenant: str) -> str:
         src = runtime._get(tenant, session_id)
         n = src.num_tokens
         table = BlockTable(runtime.pool.block_size)
-        ensure_capacity(runtime.pool, table, n)  # raises CapacityExceeded rather than evicting
+        runtime.blocks.reserve(table, n)  # raises CapacityExceeded rather than evicting
         rows = runtime.pool.rows
         rows[:, table.rows(0, n, rows.device)] = rows[:, src.table.rows(0, n, rows.device)]
         fork_id = f"{session_id}-fork-{uuid.uuid4().hex[:8]}"

@@ -109,7 +109,7 @@ def append_scored(rt: Runtime, session_id: str, messages: list[Message]) -> torc
         start = s.num_tokens
         rt._grow(s, start + len(flat))
         logits = rt.engine.prefill(s.table, flat, start, logits="all")
-        rt._shrink(s, rt.pool.blocks_for(start + len(flat) - 1))
+        rt.blocks.trim(s.table, start + len(flat) - 1)
         s.messages.extend(messages)
         s.message_tokens.extend(toks)
         s.version += 1
@@ -123,7 +123,7 @@ def suffix_logits(rt: Runtime, session_id: str, start: int) -> torch.Tensor:
     with rt._lock:
         s = _session(rt, session_id)
         n, model, pool = s.num_tokens, rt.model, rt.pool
-        scratch = pool.allocate(pool.blocks_for(n - start))
+        scratch = rt.blocks.take(pool.blocks_for(n - start))
         try:
             cached = s.table.extents(n)
             own = BlockTable(pool.block_size, scratch).rows(0, n - start).tolist()
@@ -136,7 +136,7 @@ def suffix_logits(rt: Runtime, session_id: str, start: int) -> torch.Tensor:
                 outs.append(model.forward_batch(ids[a:b], pool.rows, layout))
             return torch.cat(outs)
         finally:
-            pool.free(scratch)
+            rt.blocks.release(scratch)
 
 
 # --- running one session under every policy ---------------------------------------------------

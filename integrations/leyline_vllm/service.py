@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from leyline_sdk.batch_plan import BatchPlan, plan_batch
 from leyline_sdk.diff import apply_directives
-from leyline_sdk.errors import CapacityExceeded, InvalidDirective, SessionNotFound
+from leyline_sdk.errors import CapacityExceeded, InvalidDirective, SessionExists, SessionNotFound
 from leyline_sdk.tools_prompt import parse_assistant
 from leyline_sdk.protocol import (
     AppendResult,
@@ -112,7 +112,7 @@ class LeylineService:
     async def create(self, body: SessionCreate) -> SessionInfo:
         sid = body.session_id or f"sess_{uuid.uuid4().hex[:16]}"
         if sid in self.sessions:
-            raise InvalidDirective(f"session {sid} already exists")
+            raise SessionExists(f"session {sid} already exists")
         session = VllmSession(sid)
         self.sessions[sid] = session
         async with session.lock:

@@ -27,7 +27,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
 from leyline_sdk.errors import LeylineError
-from leyline_sdk.protocol import ErrorBody
+from leyline_sdk.protocol import SESSION_ID_RULE, ErrorBody
+
+from .json_body import content_type_problem
 
 log = logging.getLogger("leyline.server")
 
@@ -70,7 +72,9 @@ async def _leyline_error(request: Request, exc: Exception) -> JSONResponse:
 
 async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
-    return error_response(422, "validation_error", describe_validation(exc.errors()))
+    errors = list(exc.errors())
+    return error_response(422, "validation_error", content_type_problem(request, errors)
+                          or describe_validation(errors))
 
 
 async def _http_error(request: Request, exc: Exception) -> JSONResponse:
@@ -80,9 +84,24 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     detail = str(exc.detail)
     if exc.status_code == 400:
         detail = f"{detail}: it is not UTF-8 JSON, or it is nested too deep"
+    if exc.status_code == 404 and (openai_path := _under_v1(request)):
+        detail = f"{detail}: the OpenAI-compatible routes live under /v1, this one is {openai_path} " \
+                 "(an OpenAI client's base_url ends in /v1)"
     if exc.status_code == 405:
         headers = {**(headers or {}), "Allow": ", ".join(allowed_methods(request))}
     return error_response(exc.status_code, code, detail, headers)
+
+
+def _under_v1(request: Request) -> str | None:
+    """``/v1`` + the path, when a route serves that: a client whose base URL lacks ``/v1``."""
+    path = "/v1" + request.url.path
+    if request.url.path.startswith("/v1/"):
+        return None
+    scope = {**request.scope, "path": path}
+    for route in _leaf_routes(request.app.router.routes):
+        if route.matches(scope)[0] != Match.NONE:
+            return path
+    return None
 
 
 def allowed_methods(request: Request) -> list[str]:
@@ -127,6 +146,18 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(Exception, _internal_error)
 
 
+# pydantic's own words for a session id would be its regex; the rule in words is clearer.
+_SESSION_ID_ERRORS = {"string_pattern_mismatch", "string_too_short", "string_too_long"}
+
+
+def validation_text(err: dict[str, Any]) -> str:
+    """What one pydantic error says, in words a caller can act on."""
+    loc = err.get("loc", ())
+    if loc and loc[-1] == "session_id" and err.get("type") in _SESSION_ID_ERRORS:
+        return f"a session id is {SESSION_ID_RULE}"
+    return str(err.get("msg", "invalid"))
+
+
 class LeylineErrorRoute(APIRoute):
     """A route that answers its errors in Leyline's body itself (as the handlers above would)."""
 
@@ -153,7 +184,7 @@ def describe_validation(errors: Any) -> str:
     parts = []
     for err in list(errors)[:_MAX_LISTED_ERRORS]:
         where = ".".join(str(p) for p in err.get("loc", ()))
-        parts.append(f"{where}: {err.get('msg', 'invalid')}" if where else str(err.get("msg", "invalid")))
+        parts.append(f"{where}: {validation_text(err)}" if where else validation_text(err))
     more = len(errors) - _MAX_LISTED_ERRORS
     if more > 0:
         parts.append(f"(+{more} more)")

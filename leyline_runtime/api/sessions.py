@@ -19,6 +19,7 @@ from fastapi.routing import APIRoute
 from leyline_sdk.protocol import (
     MAX_ID_LENGTH,
     SESSION_ID_PATTERN,
+    SESSION_ID_RULE,
     AppendRequest,
     AppendResult,
     DirectiveBatch,
@@ -33,7 +34,7 @@ from leyline_sdk.protocol import (
 from .errors import LeylineErrorRoute, error_responses
 
 SessionIdPath = Annotated[str, Path(min_length=1, max_length=MAX_ID_LENGTH, pattern=SESSION_ID_PATTERN,
-                                    description="The session's id")]
+                                    description=f"The session's id: {SESSION_ID_RULE}")]
 BODY_ERRORS = (400, 408, 413)
 
 _STREAM_DOC = {"text/event-stream": {"schema": {"type": "string"}, "example": (

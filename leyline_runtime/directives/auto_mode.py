@@ -31,41 +31,18 @@ All of it runs inside the executor's transaction, before the block table is swap
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from leyline_sdk.protocol import AutoDecision
 
+from leyline_runtime.config import AutoConfig
 from leyline_runtime.sessions.drift import DriftState
 from leyline_runtime.engine.engine import Engine
-from leyline_runtime.directives.executor import PREFILL, Plan, TokenEdit
+from leyline_runtime.directives.executor import PREFILL, DirectiveExecutor, Plan, TokenEdit
 from leyline_runtime.engine.kv_cache import BlockTable
 from leyline_runtime.model.batch import BatchLayout
 from leyline_runtime.directives.recompute import recompute_rows
 from leyline_runtime.sessions.session import Session
-
-
-@dataclass
-class AutoConfig:
-    # Calibrated with `leyline-bench fidelity --policies ...` (docs/perf/fidelity_policies.md)
-    # on the default model and its 12/18-layer stacks, sessions 0-1 (the docs report others).
-    forget_threshold: float = 8.0  # on the edit's drift: layer-1 change x (num_layers - 1)
-    # On the edit's drift x the attention the next turn pays it; None: never. Off by default: in
-    # the calibration a 32-row tail repair after every edit cost 0.034 of forget's recompute and
-    # bought next-turn top-1 +0.0003..+0.0014, while the same rows spent on an earlier drift-budget
-    # repair bought +0.002..+0.003 (a repair makes every row exact; a tail repair recomputes the
-    # tail against the stale rows before it).
-    repair_threshold: float | None = None
-    short_tail: int = 128  # at most this many tokens after the edit: forget (a repair would cost as much)
-    repair_tail: int = 32
-    signal_window: int = 64
-    attention_queries: int = 8  # newest positions whose layer-0 attention stands in for the next turn's
-    # In drift units (layer-1 change x (num_layers - 1)): deeper models pass it sooner. 14 from the
-    # calibration sessions of run 8's weights, the default model before run 9 (budgets 9/10/12/14 on
-    # the 18-layer stack cost 21.2/20.5/15.0/11.9% of forget's recompute at next-turn top-1
-    # 0.991/0.991/0.990/0.991; with 14 the 6- and 12-layer models keep 0.997 and 0.994).
-    drift_budget: float | None = 14.0
 
 
 @torch.no_grad()
@@ -144,9 +121,17 @@ def moved_position(edits: list[TokenEdit], old: int) -> int:
 
 
 class AutoMode:
-    def __init__(self, engine: Engine, config: AutoConfig):
-        self.engine = engine
+    """Runs directive batches through the executor, deciding their ``auto`` edits inside its transaction."""
+
+    def __init__(self, executor: DirectiveExecutor, config: AutoConfig):
+        self.executor = executor
+        self.engine = executor.engine
         self.config = config
+
+    def execute(self, session: Session, plan: Plan, rotate: bool = True) -> None:
+        """Execute ``plan`` as one transaction: splice and prefill, decide and recompute, commit."""
+        with self.executor.transaction(session, plan, rotate) as txn:
+            txn.table = self._decide_batch(session, plan, txn.table, txn.owned)
 
     @property
     def depth_weight(self) -> int:
@@ -160,7 +145,7 @@ class AutoMode:
         bs = self.engine.pool.block_size
         return max(0, plan.first_change // bs - session.drift.earliest // bs + 1)
 
-    def finish(self, session: Session, plan: Plan, table: BlockTable, owned: list[int]) -> BlockTable:
+    def _decide_batch(self, session: Session, plan: Plan, table: BlockTable, owned: list[int]) -> BlockTable:
         """Decide every ``auto`` edit of ``plan`` (spliced and prefilled into ``table``), run the
         recomputes they need, and leave the session's next drift state in ``plan.drift``."""
         n = len(plan.tokens)

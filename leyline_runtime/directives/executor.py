@@ -7,15 +7,17 @@ Execution writes every changed row into fresh blocks — one rotate-and-splice
 pass over all layers, then the prefills in position order — and commits by
 swapping the block table. Nothing of the session changes before the commit,
 so an error anywhere leaves it exactly as it was. ``auto`` edits are planned as
-amortize; a ``finish`` hook (see ``auto_mode.py``) decides them on the spliced
-rows and runs their recomputes inside the same transaction.
+amortize; ``auto_mode.py`` runs the batch as a :meth:`DirectiveExecutor.transaction`
+and decides them on the spliced rows inside it, before the commit (the executor
+knows nothing of auto mode: the dependency goes one way).
 """
 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Callable
 
 import torch
 
@@ -71,7 +73,7 @@ class Plan:
     edits: list[TokenEdit]
     first_change: int  # first new position whose row is not the old row at that position
     outcomes: list[DirectiveOutcome] = field(default_factory=list)
-    drift: DriftState | None = None  # the session's drift state after the batch (set by a finish hook)
+    drift: DriftState | None = None  # the session's drift state after the batch (set by auto mode)
 
     def counts(self) -> tuple[int, int, int]:
         """Rows (reused in place, moved, computed) over the whole new sequence."""
@@ -80,8 +82,12 @@ class Plan:
         return int(reused.sum()), int((~computed & ~reused).sum()), int(computed.sum())
 
 
-class FinishHook(Protocol):
-    def __call__(self, session: Session, plan: Plan, table: BlockTable, owned: list[int]) -> BlockTable: ...
+@dataclass
+class Transaction:
+    """A batch being executed: its new table, and the blocks it took (given back if it fails)."""
+
+    table: BlockTable
+    owned: list[int]
 
 
 class DirectiveExecutor:
@@ -259,27 +265,26 @@ class DirectiveExecutor:
 
     # -- execution -----------------------------------------------------------------
 
-    def execute(self, session: Session, plan: Plan, rotate: bool = True, finish: FinishHook | None = None) -> None:
-        """``finish(session, plan, table, owned)`` runs after the splice and prefills, before the
-        commit; it may recompute rows into a new table (allocating into ``owned``)."""
-        pool, bs = self.engine.pool, self.engine.pool.block_size
+    @contextlib.contextmanager
+    def transaction(self, session: Session, plan: Plan, rotate: bool = True) -> Iterator[Transaction]:
+        """Splice and prefill ``plan`` into a new table, yield it, then commit it (outcomes recounted).
+
+        Inside, the caller may recompute rows into a new ``table`` (taking its blocks into
+        ``owned``) and change ``plan``'s edits; an error gives back every block taken."""
+        blocks, bs = self.engine.blocks, self.engine.blocks.block_size
         old_table = session.table
         keep_blocks = min(plan.first_change // bs, len(old_table.blocks))
-        new_table = BlockTable(bs, old_table.blocks[:keep_blocks])
-        fresh = pool.allocate(max(0, pool.blocks_for(len(plan.tokens)) - keep_blocks))
-        new_table.blocks.extend(fresh)
+        txn = Transaction(*blocks.fork(old_table, keep_blocks, len(plan.tokens)))
         try:
             start = keep_blocks * bs
-            self._splice(old_table, new_table, plan, start, rotate)
-            self._prefill_runs(new_table, plan, start)
-            if finish is not None:
-                new_table = finish(session, plan, new_table, fresh)
-                plan.outcomes = self._outcomes(plan)
+            self._splice(old_table, txn.table, plan, start, rotate)
+            self._prefill_runs(txn.table, plan, start)
+            yield txn
+            plan.outcomes = self._outcomes(plan)
         except BaseException:
-            pool.free(fresh)
+            blocks.release(txn.owned)
             raise
-        self._release(old_table, new_table)
-        self._commit(session, new_table, plan)
+        self._commit(session, txn.table, plan)
 
     def recompute(self, session: Session, start: int, end: int) -> None:
         """Recompute the session's rows ``[start, end)`` against its cache as it stands; rows
@@ -288,16 +293,11 @@ class DirectiveExecutor:
         try:
             table = recompute_rows(self.engine, session.table, session.tokens, start, end, owned)
         except BaseException:
-            self.engine.pool.free(owned)
+            self.engine.blocks.release(owned)
             raise
         with self.commit_lock:
-            self._release(session.table, table)
+            self.engine.blocks.commit(session.table, table)
             session.table = table
-
-    def _release(self, old: BlockTable, new: BlockTable) -> None:
-        """Free the old table's blocks that the new one no longer uses."""
-        kept = set(new.blocks)
-        self.engine.pool.free([b for b in old.blocks if b not in kept])
 
     def _splice(self, old_table: BlockTable, new_table: BlockTable, plan: Plan, start: int, rotate: bool) -> None:
         new_pos = start + (plan.old_pos[start:] != PREFILL).nonzero().flatten()
@@ -332,6 +332,7 @@ class DirectiveExecutor:
 
     def _commit(self, session: Session, table: BlockTable, plan: Plan) -> None:
         with self.commit_lock:
+            self.engine.blocks.commit(session.table, table)
             self._swap(session, table, plan)
 
     @staticmethod

@@ -31,7 +31,7 @@ def recompute_rows(engine: Engine, table: BlockTable, tokens: list[int], start: 
     blocks = list(table.blocks)
     mine = set(owned)
     shared = [j for j in range(start // bs, -(-end // bs)) if blocks[j] not in mine]
-    fresh = pool.allocate(len(shared))
+    fresh = engine.blocks.take(len(shared))
     owned.extend(fresh)
     if shared:
         # Whole blocks are copied: the rows of [start, end) among them are overwritten below,

@@ -25,7 +25,8 @@ from leyline_sdk.protocol import SamplingParams
 
 from leyline_runtime.engine.stats import EngineStats
 from leyline_runtime.engine.generation import Generation, GenerationState
-from leyline_runtime.engine.kv_cache import BlockPool, BlockTable, ensure_capacity
+from leyline_runtime.engine.block_manager import BlockManager
+from leyline_runtime.engine.kv_cache import BlockPool, BlockTable
 from leyline_runtime.model import DeepseekForCausalLM
 from leyline_runtime.engine.model_runner import ModelRunner
 from leyline_runtime.engine.sampling import LogitsProcessor
@@ -42,6 +43,7 @@ class Engine:
                  max_batched_tokens: int = 512, max_num_seqs: int = 64, batch_invariant: bool = False):
         self.model = model
         self.pool = pool
+        self.blocks = BlockManager(pool)  # the one owner of the pool's blocks
         self.runner = ModelRunner(model, pool, batch_invariant)
         self.scheduler = Scheduler(max_batched_tokens, prefill_chunk, max_num_seqs,
                                    invariant_chunk=max_batched_tokens if batch_invariant else None)
@@ -188,7 +190,7 @@ class Engine:
                 self._finish(seq, done)
                 return
             seq.tokens.append(token)
-            ensure_capacity(self.pool, seq.table, seq.start + len(seq.tokens))
+            self.blocks.reserve(seq.table, seq.start + len(seq.tokens))
         # a processor, the hook or the cache failing ends this sequence only; BaseException too (a
         # hook may raise CancelledError or GeneratorExit): the engine thread ending would hang every caller
         except BaseException as exc:  # noqa: BLE001

@@ -1,5 +1,8 @@
 """Paged KV cache: one pool of fixed-size blocks, per-sequence block tables.
 
+Who holds which block is :mod:`.block_manager`'s business: nothing else calls
+:meth:`BlockPool.allocate` or :meth:`BlockPool.free`.
+
 The pool is a single tensor ``[num_layers, num_blocks * block_size, row_width]``;
 a token's row in every layer sits at ``block * block_size + slot``. Flattened
 to 2-D it is what the rotate-and-splice kernel reads and writes.
@@ -102,12 +105,3 @@ class BlockTable:
                 runs.append((row, n))
         return runs
 
-
-def ensure_capacity(pool: BlockPool, table: BlockTable, num_tokens: int) -> list[int]:
-    """Grow ``table`` to hold ``num_tokens`` positions; returns the blocks it added."""
-    extra = pool.blocks_for(num_tokens) - len(table.blocks)
-    if extra <= 0:
-        return []
-    added = pool.allocate(extra)
-    table.blocks.extend(added)
-    return added

@@ -1,7 +1,7 @@
 """The embedded default model: ``leyline_runtime/default_model/``.
 
 That folder is package data: ``config.json`` + ``model.safetensors`` +
-``tokenizer.json`` (the trained model, see ``leyline-runtime train``). Where
+``tokenizer.json`` (the trained model, see ``leyline-train train``). Where
 only the tokenizer is present the seeded random model of the default
 config is built instead, so the runtime always starts offline
 (:func:`.loader.load_model` with no path does that; this module never imports the loader).

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..config import CPU_GEMMS
 from .config import MLAConfig
 
 
@@ -20,10 +21,6 @@ from .config import MLAConfig
 def cpu_has_bf16_matmul() -> bool:
     """oneDNN's own test for bf16 instructions (AVX512-BF16 or AMX)."""
     return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-
-
-#: Libraries an fp32 CPU product can run on at inference: torch's BLAS (MKL in the CPU wheel) or oneDNN.
-CPU_GEMMS = ("auto", "blas", "onednn")
 
 
 @functools.cache

@@ -23,7 +23,7 @@ from contextlib import suppress
 from dataclasses import dataclass, field
 
 from leyline_sdk.batch_plan import BatchPlan, plan_batch
-from leyline_sdk.errors import InvalidDirective, SessionNotFound, VersionConflict
+from leyline_sdk.errors import SessionExists, SessionNotFound, VersionConflict
 from leyline_sdk.protocol import (
     DirectiveBatch,
     DirectiveOutcome,
@@ -166,10 +166,8 @@ class ChatService:
         """Build the session from the request's history (``rebuilt``: it existed before)."""
         try:
             info = self.runtime.create_session(SessionCreate(session_id=sid, messages=messages), tenant)
-        except InvalidDirective as exc:
-            if self.runtime.has_session(sid, tenant):  # created by a concurrent request
-                raise _Restart() from exc
-            raise
+        except SessionExists as exc:  # created by a concurrent request
+            raise _Restart() from exc
         try:
             gen = self.runtime.generate(sid, generate_request(request, expected_version=info.version), tenant,
                                         on_token=on_token,

@@ -23,20 +23,10 @@ from starlette.types import ASGIApp, Message as ASGIMessage, Receive, Scope, Sen
 from leyline_sdk.errors import RequestTooLarge
 from leyline_sdk.protocol import Message
 
+from leyline_runtime.config import Limits
 from leyline_runtime.text.tokenizer import ChatTokenizer
 from ..api.errors import error_response
 from .openai_errors import OpenAIError, error_body
-
-MIB = 2**20
-
-
-@dataclass
-class Limits:
-    max_body_bytes: int = 8 * MIB
-    max_message_bytes: int = 1 * MIB  # content + name + tool calls of one message, UTF-8
-    max_messages: int = 4096  # per request
-    body_timeout: float = 30.0  # seconds to receive the whole body
-
 
 def message_bytes(message: Message) -> int:
     parts = [message.content, message.name or ""]

@@ -22,6 +22,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from leyline_sdk.errors import LeylineError
 
+from ..api.errors import validation_text
+from ..api.json_body import content_type_problem
+
 log = logging.getLogger("leyline.server")
 
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
@@ -102,7 +105,7 @@ def _from_validation(errors: Any) -> OpenAIError:
     elif first.get("type") == "json_invalid":
         message, param = f"the body is not valid JSON: {first.get('msg', '')}", None
     else:
-        message = f"{param}: {first.get('msg', 'invalid')}" if param else str(first.get("msg", "invalid request"))
+        message = f"{param}: {validation_text(first)}" if param else validation_text(first)
     if len(errors) > 1:
         message += f" (+{len(errors) - 1} more)"
     return OpenAIError(message, param=param, code="invalid_request")
@@ -131,6 +134,9 @@ class OpenAIRoute(APIRoute):
             try:
                 return await handler(request)
             except Exception as exc:  # noqa: BLE001 - every error leaves in OpenAI's shape
+                if isinstance(exc, RequestValidationError):
+                    problem = content_type_problem(request, list(exc.errors()))
+                    exc = invalid_request(problem) if problem else exc
                 status, body = error_body(exc)
                 headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
                 return JSONResponse(body, status_code=status, headers=headers)

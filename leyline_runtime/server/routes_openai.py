@@ -13,12 +13,12 @@ from fastapi import APIRouter, Header, Request
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from leyline_sdk.protocol import MAX_ID_LENGTH, SESSION_ID_PATTERN
+from leyline_sdk.protocol import SESSION_ID_PATTERN, SESSION_ID_RULE
 
 from ..runtime import Runtime
 from .chat import ChatService
 from .completion import CompletionIds, completion
-from .json_body import OrjsonRoute
+from ..api.json_body import OrjsonRoute
 from .openai_errors import OpenAIError, OpenAIRoute, openai_error_responses
 from .openai_schema import ChatCompletion, ChatCompletionRequest, ModelCard, ModelList
 from .prompt import stop_strings
@@ -43,10 +43,17 @@ def _bound_session(body: ChatCompletionRequest, header: str | None) -> str | Non
     if body.session_id is not None or not header:
         return body.session_id
     if not re.fullmatch(SESSION_ID_PATTERN, header):
-        raise OpenAIError(f"{SESSION_HEADER}: a session id is 1-{MAX_ID_LENGTH} characters of "
-                          "A-Z a-z 0-9 . _ : @ -, starting with a letter or digit", param=SESSION_HEADER,
+        raise OpenAIError(f"{SESSION_HEADER}: a session id is {SESSION_ID_RULE}", param=SESSION_HEADER,
                           code="invalid_request")
     return header
+
+
+def _check_dependent_fields(body: ChatCompletionRequest) -> None:
+    """OpenAI refuses a field whose switch is off rather than ignore it."""
+    if body.top_logprobs is not None and not body.logprobs:
+        raise OpenAIError("top_logprobs needs logprobs: true", param="top_logprobs", code="invalid_request")
+    if body.stream_options is not None and not body.stream:
+        raise OpenAIError("stream_options needs stream: true", param="stream_options", code="invalid_request")
 
 
 def _check_model(body: ChatCompletionRequest, served: str) -> None:
@@ -68,6 +75,7 @@ async def chat_completions(
     service: ChatService = request.app.state.chat
     runtime: Runtime = request.app.state.runtime
     _check_model(body, runtime.config.model_name)
+    _check_dependent_fields(body)
     session_id = _bound_session(body, x_leyline_session)
     check_limits(request, body.messages)
     ids = CompletionIds(runtime.config.model_name)

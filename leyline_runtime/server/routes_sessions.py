@@ -36,7 +36,7 @@ from ..metrics import ServiceMetrics
 from ..runtime import Runtime
 from .auth import current_tenant
 from .constraints import native_processors
-from .json_body import OrjsonRoute
+from ..api.json_body import OrjsonRoute
 from .limits import check_messages, check_text
 from .sse import stream_generate
 from .streaming import DeltaDecoder

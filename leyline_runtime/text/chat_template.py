@@ -46,7 +46,13 @@ def tool_call_payload(call: ToolCall) -> str:
         arguments = json.loads(call.function.arguments or "{}")
     except (json.JSONDecodeError, RecursionError):
         arguments = call.function.arguments  # rendered verbatim as a JSON string
-    return json.dumps({"name": call.function.name, "arguments": arguments}, ensure_ascii=False)
+    payload = json.dumps({"name": call.function.name, "arguments": arguments}, ensure_ascii=False)
+    try:  # a JSON escape such as "\\ud800" inside the arguments parses to a lone surrogate
+        payload.isascii() or payload.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"tool call {call.id!r}: its arguments escape a lone surrogate "
+                         "(a \\uD800-\\uDFFF escape without its pair), which is not valid Unicode") from None
+    return payload
 
 
 def render_tool_call(call: ToolCall) -> str:

@@ -66,6 +66,13 @@ class ChatTokenizer:
     def token_text(self, token_id: int) -> str:
         return self.decode([token_id])
 
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes a token stands for: part of a character when it splits one (``token_text`` shows U+FFFD)."""
+        piece = self.tokenizer.id_to_token(token_id)
+        if token_id in self.control_ids or piece is None or any(c not in _BYTE_OF_CHAR for c in piece):
+            return self.token_text(token_id).encode("utf-8")
+        return bytes(_BYTE_OF_CHAR[c] for c in piece)
+
     def encode_message(self, message: Message) -> list[int]:
         """Header + body + end marker; never merges with a neighbour."""
         body: list[int] = []
@@ -75,6 +82,18 @@ class ChatTokenizer:
 
     def encode_messages(self, messages: list[Message]) -> list[list[int]]:
         return [self.encode_message(m) for m in messages]
+
+
+def _byte_of_char() -> dict[str, int]:
+    """Byte-level BPE spells each byte as one printable character (GPT-2's table); this reads it back."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("\u00a1"), ord("\u00ac") + 1),
+                 *range(ord("\u00ae"), ord("\u00ff") + 1)]
+    others = [b for b in range(256) if b not in printable]
+    chars = {b: chr(b) for b in printable} | {b: chr(256 + i) for i, b in enumerate(others)}
+    return {c: b for b, c in chars.items()}
+
+
+_BYTE_OF_CHAR = _byte_of_char()
 
 
 def _template_pieces(message: Message) -> list[tuple[str, bool]]:

@@ -1,8 +1,9 @@
-"""The flags of ``leyline-runtime train`` / ``evaluate`` (and ``python -m leyline_training.*``).
+"""The flags of ``leyline-train train`` / ``evaluate`` (and ``python -m leyline_training.*``).
 
 Kept free of torch so that building the parser (``--help``) stays instant; the
-trainer and evaluator (``train.run``, ``evaluate.run``) are imported only when
-a command runs, and they import this module, never the other way round.
+command line itself is :mod:`leyline_training.__main__`, which imports the
+trainer and evaluator only when a command runs; they import this module,
+never the other way round.
 """
 
 from __future__ import annotations
@@ -95,3 +96,4 @@ def add_evaluate_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--constrained", action="store_true",
                     help="decode with the chat route's grammar (only offered tools, schema-valid arguments)")
     ap.add_argument("--out", default=None, help="write the JSON here (default: stdout only)")
+

@@ -195,7 +195,7 @@ class Shard:
 
 @dataclass(frozen=True)
 class DataMix:
-    """What the packed rows are made of: the recipe flags of ``leyline-runtime train``, one field each.
+    """What the packed rows are made of: the recipe flags of ``leyline-train train``, one field each.
 
     Every share is a probability (or a token fraction for ``transcript_share``);
     a zero share draws no die, so adding a kind left older recipes' data as it was.

@@ -8,6 +8,9 @@ whose outcome FastAPI already maps: a syntax error is 422, invalid UTF-8 or
 nesting too deep is 400 ``invalid_body``, and a lone surrogate escape
 (``"\\ud800"``, which orjson rejects but JSON allows) parses and meets the
 field validators, which name the field.
+
+FastAPI reads a body as JSON only under a JSON ``Content-Type``; any other body
+fails validation as a whole, and :func:`content_type_problem` says why.
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Coroutine
 from typing import Any
+
+from email.message import Message as MimeHeader
 
 import orjson
 from fastapi import Request, Response
@@ -42,3 +47,18 @@ class OrjsonRoute(APIRoute):
             return await handler(OrjsonRequest(request.scope, request.receive))
 
         return parse_with_orjson
+
+
+def content_type_problem(request: Request, errors: list[Any]) -> str | None:
+    """Why the body failed validation as a whole, when its ``Content-Type`` is not JSON; else None."""
+    if not any(tuple(err.get("loc", ())) == ("body",) for err in errors):
+        return None
+    declared = request.headers.get("content-type")
+    if declared:
+        header = MimeHeader()
+        header["content-type"] = declared
+        subtype = header.get_content_subtype()
+        if header.get_content_maintype() == "application" and (subtype == "json" or subtype.endswith("+json")):
+            return None
+    sent = f"Content-Type {declared!r}" if declared else "no Content-Type"
+    return f"the body must be JSON sent with Content-Type: application/json (this request has {sent})"
