@@ -44,6 +44,7 @@ from leyline_runtime.engine.kv_cache import BlockPool, BlockTable
 from .model import DeepseekForCausalLM, load_model
 from .model.default import DEFAULT_MODEL_DIR
 from leyline_runtime.engine.sampling import LogitsProcessor
+from leyline_runtime.sessions.locks import KeyedLocks
 from leyline_runtime.sessions.session import Session
 from leyline_runtime.sessions.tenancy import Tenancy
 from leyline_runtime.text.tokenizer import ChatTokenizer
@@ -84,6 +85,8 @@ class Runtime:
         self.tenancy = Tenancy(num_blocks)
         self._sessions: dict[tuple[str, str], Session] = {}
         self._evicted: set[tuple[str, str]] = set()
+        # the one lock per session, keyed (tenant, session id); the server holds it across a chat turn
+        self.session_locks = KeyedLocks()
         self.max_positions = self.model.config.max_position_embeddings
         self.max_request_tokens = min(config.max_request_tokens or self.max_positions, self.max_positions)
 
@@ -133,6 +136,10 @@ class Runtime:
         if renames:
             with self._hold(tenant, session_id) as session:
                 session.messages = apply_directives(session.messages, renames)
+
+    def was_evicted(self, session_id: str, tenant: str = DEFAULT_TENANT) -> bool:
+        """The session is gone because the cache evicted it (not deleted, never created)."""
+        return (tenant, session_id) in self._evicted
 
     def has_session(self, session_id: str, tenant: str = DEFAULT_TENANT) -> bool:
         return (tenant, session_id) in self._sessions
@@ -290,7 +297,7 @@ class Runtime:
             session = self._get(tenant, session_id)
             session.busy += 1
         try:
-            with session.lock:
+            with self.session_locks.hold((tenant, session_id)):
                 if self._sessions.get((tenant, session_id)) is not session:  # deleted while we waited
                     raise SessionNotFound(f"session {session_id} not found")
                 yield session

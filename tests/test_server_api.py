@@ -295,7 +295,53 @@ def test_idle_session_is_evicted_then_rebuilt_by_chat():
         assert [m["content"] for m in rebuilt["messages"][:-1]] == [m["content"] or "" for m in resend]
 
 
+def test_a_new_sessions_first_chat_is_built_not_rebuilt(client):
+    r = client.post("/v1/chat/completions", json={"messages": history(2), "session_id": "brand-new",
+                                                  "max_tokens": 1, "temperature": 0})
+    assert r.status_code == 200, r.text
+    assert r.json()["leyline"]["rebuilt"] is False
+
+
+@pytest.mark.parametrize("mode", ["forget", "amortize"])
+def test_an_outcome_counts_the_kept_prefix_as_reused(client, mode):
+    info = new_session(client, history(6))
+    r = client.post("/directives", json={"session_id": info["session_id"], "directives": [
+        {"span": {"start": 4, "end": 5}, "replacement": [user("shorter")], "mode": mode}]})
+    assert r.status_code == 200, r.text
+    result = r.json()
+    (outcome,) = result["outcomes"]
+    assert outcome["token_start"] > 0
+    assert outcome["reused_tokens"] == outcome["token_start"]  # the rows before the edit, kept bit for bit
+    assert outcome["reused_tokens"] + outcome["rotated_tokens"] + outcome["recomputed_tokens"] == result["num_tokens"]
+
+
 # --- concurrency ---------------------------------------------------------------------------------
+
+
+def test_one_lock_per_session(client, runtime):
+    """The service serialises a chat turn with the lock the runtime takes for every call on the session."""
+    assert client.app.state.chat.session_locks is runtime.session_locks
+    sid = new_session(client)["session_id"]
+    held = threading.Event()
+    done = threading.Event()
+
+    def hold_then_release():
+        with runtime.session_locks.hold(("default", sid)):
+            held.set()
+            done.wait(5)
+
+    t = threading.Thread(target=hold_then_release)
+    t.start()
+    held.wait(5)
+    appended = []
+    worker = threading.Thread(target=lambda: appended.append(runtime.append(sid, [Message(role="user", content="x")])))
+    worker.start()
+    worker.join(0.3)
+    assert worker.is_alive() and not appended  # the runtime's own call waits for the session's one lock
+    done.set()
+    t.join(5)
+    worker.join(30)
+    assert appended and appended[0].version == 2
 
 
 def test_concurrent_directives_and_generations_on_one_session(client, runtime):

@@ -177,13 +177,13 @@ class LeylineService:
         The edits and the generation run as one prompt through vLLM (two where an amortized
         replacement must be prefilled first): applying the batch on its own and then generating
         would load the whole history's rows a second time."""
-        rebuilt = sid not in self.sessions
-        if rebuilt:
+        created, rebuilt = sid not in self.sessions, False
+        if created:  # new: built from the request, not rebuilt (this service evicts nothing)
             await self.create(SessionCreate(session_id=sid))
         session = self.get(sid)
         async with session.lock:
             batch, tail = None, list(messages)
-            if not rebuilt:
+            if not created:
                 plan = plan_chat_batch(session.messages, messages, mode)
                 if plan.rebuild:  # too many edits for one batch: the history starts afresh from the request
                     await self._reset(session)

@@ -249,7 +249,8 @@ class DirectiveExecutor:
         for t in edits:
             new_start.append(t.old_start + shift)
             shift += t.delta
-        bounds = new_start + [len(plan.tokens)]
+        # the first edit's region starts at 0: the kept prefix before it is reused rows too
+        bounds = [0, *new_start[1:], len(plan.tokens)] if edits else [len(plan.tokens)]
         positions = torch.arange(len(plan.tokens))
         results: dict[int, DirectiveOutcome] = {}
         for k, t in enumerate(edits):

@@ -37,7 +37,6 @@ from ..metrics import ServiceMetrics
 from ..runtime import Runtime
 from .constraints import Decoding, plan_decoding
 from .context_edits import apply_edits
-from .locks import KeyedLocks
 from .openai_schema import AppliedEdit, ChatCompletionRequest
 from .prompt import generate_request, prompt_messages
 
@@ -80,7 +79,7 @@ class ChatService:
     def __init__(self, runtime: Runtime, metrics: ServiceMetrics):
         self.runtime = runtime
         self.metrics = metrics
-        self.session_locks = KeyedLocks()
+        self.session_locks = runtime.session_locks  # the runtime's own: one lock per session
         self.grammars = GrammarCompiler(runtime.tokenizer)
 
     def complete(self, request: ChatCompletionRequest, tenant: str, session_id: str | None = None,
@@ -133,8 +132,9 @@ class ChatService:
                tenant: str, on_token: OnToken) -> ChatTurn:
         try:
             old, version = self.runtime.session_messages(sid, tenant)
-        except SessionNotFound:
-            return self._rebuild(request, decoding, messages, sid, tenant, on_token)
+        except SessionNotFound:  # a new session is built, not rebuilt; an evicted one is rebuilt
+            return self._rebuild(request, decoding, messages, sid, tenant, on_token,
+                                 rebuilt=self.runtime.was_evicted(sid, tenant))
         first_version = version
         plan = plan_chat_batch(old, messages, request)
         directives, tail = plan.directives, plan.tail
@@ -144,7 +144,7 @@ class ChatService:
             self.runtime.check_generation(prompt, generate_request(request).max_tokens, new_tokens=prompt)
             with suppress(SessionNotFound):
                 self.runtime.delete_session(sid, tenant)
-            return self._rebuild(request, decoding, messages, sid, tenant, on_token)
+            return self._rebuild(request, decoding, messages, sid, tenant, on_token, rebuilt=True)
         outcomes: list[DirectiveOutcome] = []
         if directives:  # check the whole request before the edits change the session
             tail_tokens = sum(map(len, self.runtime.tokenizer.encode_messages(tail)))
@@ -162,7 +162,8 @@ class ChatService:
                         outcomes=outcomes, appended=len(tail), first_version=first_version)
 
     def _rebuild(self, request: ChatCompletionRequest, decoding: Decoding, messages: list[Message], sid: str,
-                 tenant: str, on_token: OnToken) -> ChatTurn:
+                 tenant: str, on_token: OnToken, rebuilt: bool) -> ChatTurn:
+        """Build the session from the request's history (``rebuilt``: it existed before)."""
         try:
             info = self.runtime.create_session(SessionCreate(session_id=sid, messages=messages), tenant)
         except SessionExists as exc:  # created by a concurrent request
@@ -175,7 +176,7 @@ class ChatService:
             with suppress(SessionNotFound):  # it did not exist before this request
                 self.runtime.delete_session(sid, tenant)
             raise
-        return ChatTurn(gen, sid, info.counters.prefilled_tokens + gen.usage.prefill_tokens, rebuilt=True,
+        return ChatTurn(gen, sid, info.counters.prefilled_tokens + gen.usage.prefill_tokens, rebuilt=rebuilt,
                         appended=len(messages))
 
 

@@ -233,7 +233,8 @@ class LeylineReport(BaseModel):
     versions: list[int] = Field(default_factory=list,
                                 description="Every session version this request produced, in order (its edits, "
                                             "its appended messages, the reply); empty for a stateless request")
-    rebuilt: bool = Field(description="The session did not exist (new or evicted) and was built from the request")
+    rebuilt: bool = Field(description="The session existed but was lost (evicted) or edited past MAX_DIRECTIVES, "
+                                      "and was built again from the request; false for a new session")
     directives_applied: int = 0
     outcomes: list[DirectiveOutcome] = Field(default_factory=list)
     appended_messages: int = 0

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 import time
 from dataclasses import dataclass, field
 from itertools import accumulate
@@ -26,7 +25,6 @@ class Session:
     counters: SessionCounters = field(default_factory=SessionCounters)
     last_used: float = field(default_factory=time.monotonic)
     busy: int = 0  # requests holding or waiting for it; a busy session is never evicted
-    lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
     drift: DriftState = field(default_factory=DriftState)  # what its auto edits left (see drift.py)
 
     @property

@@ -1,4 +1,10 @@
-"""One lock per key, alive only while someone holds or waits for it."""
+"""One lock per session, alive only while someone holds or waits for it.
+
+The runtime takes it for every call on a session; the HTTP service takes the
+same lock around a chat turn's several calls (or a route's one), which is why
+it is re-entrant: the calls inside a held turn take it again. There is no
+other per-session lock.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +16,7 @@ from contextlib import contextmanager
 class KeyedLocks:
     def __init__(self) -> None:
         self._guard = threading.Lock()
-        self._locks: dict[Hashable, tuple[threading.Lock, int]] = {}
+        self._locks: dict[Hashable, tuple[threading.RLock, int]] = {}
 
     @contextmanager
     def hold(self, key: Hashable) -> Iterator[None]:
@@ -21,9 +27,9 @@ class KeyedLocks:
         finally:
             self._release_entry(key)
 
-    def _acquire_entry(self, key: Hashable) -> threading.Lock:
+    def _acquire_entry(self, key: Hashable) -> threading.RLock:
         with self._guard:
-            lock, users = self._locks.get(key) or (threading.Lock(), 0)
+            lock, users = self._locks.get(key) or (threading.RLock(), 0)
             self._locks[key] = (lock, users + 1)
             return lock
 
