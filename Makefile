@@ -6,7 +6,7 @@
 #   make test          the suite without the tests marked slow (.ci/run calls it first)
 #   make test-slow     the tests marked slow (.ci/run calls it second)
 #   make typecheck     mypy on leyline_sdk and leyline_langchain
-#   make docs          regenerate the README's example outputs (tests/test_docs.py checks them)
+#   make docs          regenerate the example outputs of README.md and docs/api.md (tests/test_docs.py checks them)
 #   make dist          both wheels into dist/: leyline-kv and the SDK-only leyline-kv-sdk
 #   make test-vllm     the vLLM plugin against a real `vllm serve` (builds its own .venv-vllm)
 PY ?= python3
@@ -43,7 +43,10 @@ install: $(DEV_STAMP)
 serve: $(RUNTIME_STAMP)
 	@echo "leyline-runtime (serve) and leyline-train (train, evaluate) are in $(BIN); add $(abspath $(BIN)) to PATH to call them by name"
 	@echo "leyline-bench is $(BIN)/leyline-bench (after $(BIN)/pip install -e '.[bench]')"
-	$(BIN)/leyline-runtime serve --port $(PORT) $(ARGS)
+	@# Ctrl-C reaches the server and this shell alike; uvicorn shuts down, then re-raises the signal.
+	@# The no-op trap keeps the shell alive to turn that (130/143) into a clean exit: no "make: ***".
+	@trap : INT TERM; $(BIN)/leyline-runtime serve --port $(PORT) $(ARGS); status=$$?; \
+	  case $$status in 130|143) exit 0;; *) exit $$status;; esac
 
 # The README's test command: everything but the tests marked slow (~12 min budget on 2 busy cores).
 test: $(DEV_STAMP)

@@ -42,13 +42,14 @@ from pathlib import Path
 from typing import Any
 
 
+from langchain.agents import create_agent
 from langchain.agents.middleware import AgentMiddleware, ClearToolUsesEdit, ContextEditingMiddleware
 from langchain_core.messages import AIMessage, RemoveMessage, ToolMessage
 from langchain_core.tools import ToolException, tool
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.errors import GraphRecursionError
 
-from leyline_langchain import create_agent
+from leyline_langchain import ChatLeyline
 from leyline_sdk import AsyncLeylineClient, CallStats, LeylineMemory, Message
 
 WORKDIR = Path(tempfile.mkdtemp(prefix="leyline-agent-"))
@@ -248,10 +249,9 @@ async def run(args: argparse.Namespace) -> Report:
     memory = LeylineMemory(leyline_client(), on_call=report)
     scripted = ScriptedDecisions()
 
-    agent = create_agent(  # leyline_langchain.create_agent: Leyline's middleware goes last
-        memory,
-        [calculator, read_file],
-        model_kwargs={"max_tokens": args.max_tokens},
+    agent = create_agent(  # langchain's; the model is the innermost step, so it gets the edited view
+        model=ChatLeyline.from_memory(memory, max_tokens=args.max_tokens),
+        tools=[calculator, read_file],
         system_prompt="You are an order assistant. Use read_file and calculator; answer with the total.",
         middleware=[
             scripted,

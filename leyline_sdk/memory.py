@@ -15,8 +15,7 @@ refuses as invalid rebuilds the session.
 
 Pure pydantic + httpx like the rest of the SDK; it imports no adapter. The
 LangChain / LangGraph adapter builds itself from a memory
-(``leyline_langchain.create_agent(memory, ...)``, ``ChatLeyline.from_memory(memory)``,
-``LeylineMiddleware(memory)``).
+(``ChatLeyline.from_memory(memory)``) and finds a call's thread id itself.
 
 Calls on one thread are serialised (a lock per thread, held by sync and async
 calls alike), so ``batch``/``abatch`` or concurrent requests on one memory
@@ -31,8 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
-import hashlib
 import re
 import threading
 import uuid
@@ -48,6 +45,8 @@ from .policy import EditContext, ModePolicy, default_policy, explain_edit
 from .protocol import (
     AppendResult,
     AppliedMode,
+    MAX_ID_LENGTH,
+    SESSION_ID_PATTERN,
     Directive,
     DirectiveOutcome,
     DirectiveResult,
@@ -67,9 +66,6 @@ SAMPLING_KEYS = frozenset(
     {"max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "logprobs", "top_logprobs",
      "tools", "tool_choice", "parallel_tool_calls", "response_format"})
 
-_SAFE_THREAD = re.compile(r"[A-Za-z0-9._:@-]{1,96}")
-_current_thread: contextvars.ContextVar[str | None] = contextvars.ContextVar(
-    "leyline_thread_id", default=None)
 
 Op = Literal["defer", "append", "generate"]
 
@@ -259,31 +255,16 @@ class LeylineMemory:
     # -- threads ----------------------------------------------------------------------
 
     def session_id(self, thread_id: str) -> str:
-        """The runtime session id of a thread (the thread id itself when it is URL-safe)."""
-        if _SAFE_THREAD.fullmatch(thread_id):
-            return f"{self.session_prefix}{thread_id}"
-        return f"{self.session_prefix}h-{hashlib.sha256(thread_id.encode()).hexdigest()[:32]}"
+        """The runtime session id of a thread: ``session_prefix + thread_id``.
 
-    def current_thread_id(self, config: Mapping[str, Any] | None = None) -> str:
-        """The thread of the current call: bound by :meth:`bind_thread`, else the
-        run config's ``configurable.thread_id`` (``config`` or LangGraph's
-        ``get_config()``), else ``default_thread_id``."""
-        bound = _current_thread.get()
-        if bound is not None and config is None:
-            return bound
-        if config is None:
-            config = _langgraph_config()
-        thread = ((config or {}).get("configurable") or {}).get("thread_id")
-        return str(thread) if thread is not None else self.default_thread_id
-
-    @contextlib.contextmanager
-    def bind_thread(self, thread_id: str) -> Iterator[str]:
-        """Within the block, :meth:`current_thread_id` answers ``thread_id``."""
-        token = _current_thread.set(thread_id)
-        try:
-            yield thread_id
-        finally:
-            _current_thread.reset(token)
+        Raises ValueError unless the result is a valid session id: letters, digits
+        and ``. _ : @ -``, starting with a letter or digit, at most 128 characters."""
+        session = f"{self.session_prefix}{thread_id}"
+        if not re.fullmatch(SESSION_ID_PATTERN, session):
+            raise ValueError(
+                f"thread id {thread_id!r} cannot name a session: {session!r} must be 1-{MAX_ID_LENGTH} "
+                "characters of letters, digits and . _ : @ -, starting with a letter or digit")
+        return session
 
     def shadow(self, thread_id: str) -> list[Message] | None:
         """What this memory believes the thread's session holds (``None``: not known yet)."""
@@ -804,15 +785,4 @@ def _unit(messages: Sequence[Message], i: int) -> int | None:
         j -= 1
     opener = messages[j]
     return j if opener.role == "assistant" and opener.tool_calls else None
-
-
-def _langgraph_config() -> Mapping[str, Any] | None:
-    try:
-        from langgraph.config import get_config
-    except ImportError:
-        return None
-    try:
-        return get_config()
-    except RuntimeError:  # not inside a runnable
-        return None
 

@@ -39,8 +39,8 @@ def test_constructor_arguments_reach_the_clients():
 
 def test_every_instance_has_its_own_default_thread():
     a, b = ChatLeyline(base_url="http://127.0.0.1:9"), ChatLeyline(base_url="http://127.0.0.1:9")
-    assert a.memory.current_thread_id() != b.memory.current_thread_id()
-    assert a.memory.session_id(a.memory.current_thread_id()) != b.memory.session_id(b.memory.current_thread_id())
+    assert a.memory.default_thread_id != b.memory.default_thread_id
+    assert a.memory.session_id(a.memory.default_thread_id) != b.memory.session_id(b.memory.default_thread_id)
 
 
 def assert_reply(message: AIMessage) -> None:
@@ -59,7 +59,7 @@ def test_batch_and_abatch_on_one_memory(client, app):
     assert len(replies) == 6
     for reply in replies:
         assert_reply(reply)
-    thread = memory.current_thread_id()
+    thread = memory.default_thread_id
     # the calls ran one after the other: the session holds exactly the last call's view and reply
     session = client.get_session(memory.session_id(thread), include_messages=True).messages
     assert [m.fingerprint() for m in session] == [m.fingerprint() for m in memory.shadow(thread)]
@@ -72,7 +72,7 @@ def test_batch_and_abatch_on_one_memory(client, app):
             areplies = await amodel.abatch(prompts)
             for reply in areplies:
                 assert_reply(reply)
-            athread = amemory.current_thread_id()
+            athread = amemory.default_thread_id
             info = await aclient.get_session(amemory.session_id(athread), include_messages=True)
             assert [m.fingerprint() for m in info.messages] == [m.fingerprint() for m in amemory.shadow(athread)]
 

@@ -1,6 +1,6 @@
 """The command lines start light and fail early and clearly.
 
-* ``--help`` of every ``leyline-runtime`` command imports neither torch nor FastAPI
+* ``--help`` of every ``leyline-runtime`` command, and ``leyline-bench --help``, import neither torch nor FastAPI
   (checked by what the process imported, not by wall time);
 * without an extra, commands and imports name the extra to install, in one line;
 * ``serve`` reports a bad ``--model`` or a busy port before it loads anything heavy.
@@ -81,6 +81,13 @@ def test_the_runtime_command_line_has_no_training_commands():
     assert code == 2 and "invalid choice: 'train'" in err
 
 
+def test_bench_help_imports_nothing_heavy():
+    code, out, _, heavy = run_cli("leyline_bench.cli", ["--help"])
+    assert code == 0 and "usage: leyline-bench" in out and "replay" in out
+    assert heavy == []
+    assert "``" not in out
+
+
 def test_help_works_without_the_runtime_extra():
     code, out, _, _ = run_cli("leyline_runtime.cli", ["serve", "--help"], blocked=("torch", "fastapi", "uvicorn"))
     assert code == 0 and "--model" in out
@@ -98,6 +105,13 @@ def test_every_command_spells_dtype_the_same_way():
             sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
             return {name: p.format_help() for name, p in sub.choices.items()}
 
+        def flags_without_help(parser):
+            sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+            return [f"{name} {a.option_strings[0]}" for name, p in sub.choices.items()
+                    for a in p._actions if a.option_strings and not a.help]
+
+        assert not flags_without_help(bench()), flags_without_help(bench())
+
         print(json.dumps({"runtime": helps(runtime()), "bench": helps(bench()), "train": helps(training())}))
         """)
     assert result.returncode == 0, result.stderr
@@ -105,6 +119,8 @@ def test_every_command_spells_dtype_the_same_way():
     assert "--dtype {float32,bfloat16}" in helps["runtime"]["serve"]
     assert "--dtype {auto,float32,bfloat16}" in helps["train"]["train"]
     assert "--dtype {float32,bfloat16}" in helps["bench"]["kernel"]
+    for name, text in helps["bench"].items():
+        assert "``" not in text, name
     for name, text in [*helps["runtime"].items(), *helps["bench"].items(), *helps["train"].items()]:
         spellings = set(re.findall(r"--dtype \{([^}]*)\}", text))
         assert spellings <= {"float32,bfloat16", "auto,float32,bfloat16"}, name

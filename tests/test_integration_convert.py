@@ -10,17 +10,15 @@ from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, Tool
 from langchain_core.messages.utils import count_tokens_approximately
 from test_integration_support import calculator, lookup
 
-from leyline_langchain import (
+from leyline_langchain.convert import (
     TOOLS_MESSAGE_ID,
-    find_orphans,
     from_leyline,
-    repair_orphans,
     to_leyline,
     to_leyline_messages,
     tools_message,
     tools_to_openai,
 )
-from leyline_langchain.pairing import placeholder_id
+from leyline_langchain.pairing import find_orphans, placeholder_id, repair_orphans
 from leyline_runtime.text import chat_template as tpl
 from leyline_runtime.server.openai_schema import ChatCompletionRequest
 from leyline_runtime.server.prompt import tools_message as runtime_tools_message

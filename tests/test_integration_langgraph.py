@@ -33,8 +33,7 @@ from test_integration_support import (  # app, client: fixtures
 )
 
 
-from leyline_langchain import ChatLeyline, LeylineMiddleware
-from leyline_langchain import create_agent as leyline_create_agent
+from leyline_langchain import ChatLeyline
 from leyline_sdk import LeylineMemory
 
 PLAN = [
@@ -71,8 +70,7 @@ def test_create_agent_with_context_editing(client):
         tools=[calculator, lookup],
         system_prompt="You are a careful agent. Use the tools.",
         middleware=[ScriptedToolCalls(PLAN),
-                    ContextEditingMiddleware(edits=[ClearToolUsesEdit(trigger=0, keep=2)]),
-                    LeylineMiddleware(memory)],
+                    ContextEditingMiddleware(edits=[ClearToolUsesEdit(trigger=0, keep=2)])],
         checkpointer=InMemorySaver(),
     )
     checker = SessionChecker(fetcher(client, memory, "agent-1"))
@@ -103,8 +101,7 @@ def test_create_agent_async_streaming(app):
                 model=ChatLeyline.from_memory(memory, max_tokens=3), tools=[calculator, lookup],
                 system_prompt="You are a careful agent.",
                 middleware=[ScriptedToolCalls(PLAN[1:3]),
-                            ContextEditingMiddleware(edits=[ClearToolUsesEdit(trigger=0, keep=1)]),
-                            LeylineMiddleware(memory)],
+                            ContextEditingMiddleware(edits=[ClearToolUsesEdit(trigger=0, keep=1)])],
                 checkpointer=InMemorySaver())
 
             async def fetch():
@@ -201,23 +198,34 @@ def test_hand_built_state_graph_with_remove_message(client):
         assert_same(fetcher(other, memory, "graph-1")()[:-1], checker.views[-1])
 
 
-def test_middleware_refuses_a_foreign_model(client):
-    mine, other = LeylineMemory(client), LeylineMemory(client)
-    agent = create_agent(model=ChatLeyline.from_memory(other), tools=[calculator],
-                         middleware=[LeylineMiddleware(mine)])
-    with pytest.raises(TypeError, match="same memory"):
-        agent.invoke({"messages": [("user", "hi")]})
+SYNC_ENTRY_POINTS = ("sync", "async_sync", "generate", "agenerate", "generate_stream", "agenerate_stream")
 
 
-def test_one_call_agent_puts_leyline_middleware_last(client):
+def count_syncs(memory: LeylineMemory) -> list[str]:
+    """Records every call of the memory's sync entry points (each diffs the view once)."""
+    seen: list[str] = []
+    for name in SYNC_ENTRY_POINTS:
+        def spy(*args, _name=name, _real=getattr(memory, name), **kwargs):
+            seen.append(_name)
+            return _real(*args, **kwargs)
+        setattr(memory, name, spy)
+    return seen
+
+
+def test_one_sync_per_model_call(client):
+    """LangChain's create_agent with ChatLeyline as the model: each model call diffs the edited view once."""
     memory = LeylineMemory(client)
-    agent = leyline_create_agent(memory, [calculator, lookup], model_kwargs={"max_tokens": 3},
-                                 middleware=[ScriptedToolCalls(PLAN)], checkpointer=InMemorySaver())
-    config = {"configurable": {"thread_id": "one-call"}}
+    syncs = count_syncs(memory)
+    agent = create_agent(model=ChatLeyline.from_memory(memory, max_tokens=3), tools=[calculator, lookup],
+                         middleware=[ScriptedToolCalls(PLAN),
+                                     ContextEditingMiddleware(edits=[ClearToolUsesEdit(trigger=0, keep=2)])],
+                         checkpointer=InMemorySaver())
+    config = {"configurable": {"thread_id": "one-sync"}}
     result = agent.invoke({"messages": [("user", "What is api_port plus 17?")]}, config)
-    assert len(memory.calls("one-call")) == len(PLAN) + 1 and isinstance(result["messages"][-1], AIMessage)
-    with pytest.raises(TypeError, match="model_kwargs"):
-        leyline_create_agent(memory, model=ChatLeyline.from_memory(memory))
+    calls = memory.calls("one-sync")
+    assert len(calls) == len(PLAN) + 1 and isinstance(result["messages"][-1], AIMessage)
+    assert syncs == ["generate"] * len(calls)
+    assert memory.stats("one-sync").directives > 0  # the edits went with those generates
 
 
 def test_chat_model_alone_keeps_tool_units_whole(client):

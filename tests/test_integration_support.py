@@ -20,7 +20,8 @@ from langchain_core.tools import tool
 from starlette.testclient import TestClient
 from test_server_support import make_runtime, torch_threads
 
-from leyline_langchain import repair_orphans, to_leyline_messages
+from leyline_langchain.convert import to_leyline_messages
+from leyline_langchain.pairing import repair_orphans
 from leyline_runtime.text import chat_template as tpl
 from leyline_runtime import create_app
 from leyline_sdk import TOOLS_MESSAGE_ID, AsyncLeylineClient, LeylineClient, Message

@@ -42,12 +42,12 @@ SESSION_TOKENS_CAP = 1500  # a client starts a new session past this
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("chaos", help="mixed valid/invalid load from many clients on a serve subprocess")
-    p.add_argument("--clients", type=int, default=16)
+    p = sub.add_parser("chaos")
+    p.add_argument("--clients", type=int, default=16, help="concurrent clients")
     p.add_argument("--seconds", type=float, default=60.0, help="how long the clients keep sending")
     p.add_argument("--invalid-share", type=float, default=0.4, help="share of malformed requests")
     p.add_argument("--max-tokens", type=int, default=4, help="tokens per generation")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="random seed of the request mix")
     p.set_defaults(run=run, quick_overrides={"clients": 4, "seconds": 4.0})
 
 

@@ -1,41 +1,71 @@
-"""``leyline-bench`` entry point: one argparse subcommand per benchmark.
+"""leyline-bench: one subcommand per benchmark.
 
-Every subcommand writes ``<out>/<name>.json`` (with machine, command line and
-git commit), ``<out>/<name>.md`` and PNG plots; ``--quick`` swaps in tiny
-settings for smoke tests.
+Every subcommand writes <out>/<name>.json (with the machine, the command line and
+the git commit), <out>/<name>.md and PNG plots; --quick swaps in tiny settings
+for smoke tests. "leyline-bench COMMAND --help" lists a command's flags.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 
 from leyline_runtime.extras import MissingExtra, require
 
+# name -> (module in this package, one-line help). Only the module of the command being run is imported:
+# the benchmark modules import torch and the runtime at module level, and --help should not wait for them.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "edit": ("edit", "latency of one edit: amortize / forget / full re-prefill / transformers peer"),
+    "kernel": ("kernel", "rotate_and_splice GB/s against a plain torch copy of the same rows"),
+    "gemm": ("gemm", "the model's fp32 matrix products on BLAS (MKL) against oneDNN, by row count"),
+    "fidelity": ("fidelity", "how close each edit mode's output stays to a full re-prefill, over a workload JSONL"),
+    "grammar": ("grammar", "per-token cost of constrained decoding (llguidance masks)"),
+    "prefill": ("prefill", "prefill tokens/s: Leyline's engine against transformers, same weights"),
+    "replay": ("replay", "replay agent traces: no cache / prefix cache / Leyline amortize / forget"),
+    "serve": ("serve", "HTTP load: concurrent edit + generate sessions"),
+    "chaos": ("chaos", "mixed valid and invalid load from many clients on a served runtime"),
+    "agent": ("agent", "LangGraph agents end to end: solve rate, tokens computed and wall time, with and without edits"),
+    "vllm": ("vllm", "directives inside vllm serve with Leyline's plugins (needs .venv-vllm)"),
+}
 
-def build_parser() -> argparse.ArgumentParser:
-    # The subcommands import torch and the runtime at module level: check the extra first.
-    require("bench", "leyline-bench")
-    from . import chaos, edit, fidelity, gemm, grammar, kernel, prefill, replay, serve, vllm
 
+def build_parser(load: tuple[str, ...] | None = None) -> argparse.ArgumentParser:
+    """The parser; the commands in ``load`` (default: all) get their flags, importing their modules; the others
+    only a name and a line of help."""
+    load = tuple(COMMANDS) if load is None else load
     parser = argparse.ArgumentParser(prog="leyline-bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True)
-    for module in (edit, kernel, gemm, fidelity, grammar, prefill, replay, serve, chaos, vllm):
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    if load:
+        require("bench", "leyline-bench")
+    for name, (module_name, help_text) in COMMANDS.items():
+        if name not in load:
+            sub.add_parser(name, help=help_text)
+            continue
+        module = importlib.import_module(f"{__package__}.{module_name}")
         module.add_parser(sub)
-    for p in sub.choices.values():
+        p = sub.choices[name]
+        p.description = help_text
         p.add_argument("--out", default="bench-out", help="output folder (default: bench-out/)")
         p.add_argument("--quick", action="store_true", help="tiny settings for smoke tests")
         p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     return parser
 
 
+def command_in(argv: list[str]) -> str | None:
+    """The subcommand named in ``argv`` (the first word that is not a flag), if it is one we know."""
+    first = next((a for a in argv if not a.startswith("-")), None)
+    return first if first in COMMANDS else None
+
+
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = command_in(argv)
+    args = build_parser((command,) if command else ()).parse_args(argv)
     if args.quick:
         # Quick settings replace the defaults, never what was given on the command line.
-        given = {a.split("=")[0] for a in (argv if argv is not None else sys.argv[1:]) if a.startswith("--")}
+        given = {a.split("=")[0] for a in argv if a.startswith("--")}
         for key, value in args.quick_overrides.items():
             if "--" + key.replace("_", "-") not in given:
                 setattr(args, key, value)

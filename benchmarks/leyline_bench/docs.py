@@ -1,7 +1,10 @@
-"""Run the README's examples against a real runtime; check or rewrite what they print.
+"""Run the documents' examples against a real runtime; check or rewrite what they print.
 
-    python -m leyline_bench.docs            # check: exit 1 with a diff when README.md is stale
+    python -m leyline_bench.docs            # check: exit 1 with a diff when a document is stale
     python -m leyline_bench.docs --write    # rewrite the outputs in place (make docs)
+
+The documents are ``CHECKED_FILES`` (README.md and the docs/ pages that hold examples); each gets
+its own fresh runtime, so a page's examples see only that page's sessions.
 
 It starts the runtime in-process on a free 127.0.0.1 port with the defaults of
 ``leyline-runtime serve --api-key sk-demo`` (embedded default model, float32,
@@ -29,6 +32,9 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SOURCE_ROOTS = [REPO_ROOT, *(REPO_ROOT / d for d in ("kernels", "integrations", "benchmarks", "training"))]
 API_KEY = "sk-demo"
+# Every markdown file whose console outputs and example copies are generated; tests/test_docs.py checks
+# that no other document holds a console block or an example copy.
+CHECKED_FILES = [REPO_ROOT / "README.md", REPO_ROOT / "docs" / "api.md"]
 
 _FENCE = re.compile(r"^```(\w*)\n(.*?)^```$", re.S | re.M)
 _EXAMPLE = re.compile(r"<!-- example: (\S+) -->\n```python\n(.*?)^```$", re.S | re.M)
@@ -97,24 +103,30 @@ def generate(path: Path) -> str:
         return regenerate(path.read_text(), Runner(base_url))
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m leyline_bench.docs", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--write", action="store_true", help="rewrite the file instead of checking it")
-    ap.add_argument("--file", default=str(REPO_ROOT / "README.md"), help="markdown file (default: README.md)")
-    args = ap.parse_args(argv)
-    path = Path(args.file)
+def check(path: Path, write: bool) -> bool:
+    """Regenerate ``path``; rewrite it (``write``) or report whether it is current."""
     fresh = generate(path)
-    if args.write:
+    if write:
         path.write_text(fresh)
         print(f"wrote {path}")
-        return 0
+        return True
     old, new = normalized(path.read_text()), normalized(fresh)
     if old == new:
         print(f"{path}: every example output is current")
-        return 0
+        return True
     sys.stdout.writelines(difflib.unified_diff(old.splitlines(True), new.splitlines(True), str(path), "fresh run"))
     print(f"\n{path} is stale: run `make docs` (python -m leyline_bench.docs --write)", file=sys.stderr)
-    return 1
+    return False
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m leyline_bench.docs", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--write", action="store_true", help="rewrite the files instead of checking them")
+    ap.add_argument("--file", action="append", type=Path,
+                    help="one markdown file (repeatable; default: every file in CHECKED_FILES)")
+    args = ap.parse_args(argv)
+    results = [check(path, args.write) for path in args.file or CHECKED_FILES]
+    return 0 if all(results) else 1
 
 
 if __name__ == "__main__":

@@ -48,16 +48,18 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("edit", help="latency of one edit: amortize / forget / full re-prefill / transformers peer")
-    p.add_argument("--contexts", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192])
-    p.add_argument("--positions", type=float, nargs="+", default=[0.1, 0.5, 0.9])
+    p = sub.add_parser("edit")
+    p.add_argument("--contexts", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192],
+                   help="context lengths in tokens")
+    p.add_argument("--positions", type=float, nargs="+", default=[0.1, 0.5, 0.9],
+                   help="edit positions, as fractions of the context")
     p.add_argument("--spans", nargs="+", default=["message", "10pct"], choices=["message", "10pct", "10pct-delete"],
                    help="message: one tool output cleared; 10pct: a run of rounds (10%% of the context) "
                         "replaced by a one-line summary; 10pct-delete: the same run deleted")
-    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--reps", type=int, default=3, help="repetitions per measurement")
     p.add_argument("--no-peer", action="store_true", help="skip the transformers peer")
     p.add_argument("--model", default=None, help="model folder (default: the embedded default model)")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="model dtype")
     p.add_argument("--arms", nargs="+", default=None, choices=LEYLINE_ARMS + PEER_ARMS,
                    help="run only these arms (amortize always runs: the ratios are to it)")
     p.add_argument("--no-warm-up", action="store_true",

@@ -28,13 +28,13 @@ DEFAULT_WORKLOAD = DEFAULT_OUT
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("fidelity", help="F/R/L/N arms over a workload JSONL")
-    p.add_argument("--workload", default=str(DEFAULT_WORKLOAD))
-    p.add_argument("--greedy-tokens", type=int, default=32)
+    p = sub.add_parser("fidelity")
+    p.add_argument("--workload", default=str(DEFAULT_WORKLOAD), help="workload JSONL (default: the shipped one)")
+    p.add_argument("--greedy-tokens", type=int, default=32, help="greedy tokens generated and compared per case")
     p.add_argument("--limit", type=int, default=None, help="first N cases only")
-    p.add_argument("--categories", nargs="+", default=None)
-    p.add_argument("--model", default=None)
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--categories", nargs="+", default=None, help="only cases of these categories")
+    p.add_argument("--model", default=None, help="model folder (default: the embedded default model)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="model dtype")
     policy_bench.add_arguments(p)
     p.set_defaults(run=run, quick_overrides={"limit": 2, "greedy_tokens": 4, "models": "default", "sessions": 1,
                                              "edits": 2, "single_cases": 1, "session_tokens": 500})

@@ -23,9 +23,10 @@ LIBRARIES = ("blas", "onednn")
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("gemm", help="the model's fp32 products on BLAS (MKL) vs oneDNN, by row count")
-    p.add_argument("--rows", type=int, nargs="+", default=[1, 4, 16, 64, 512, 4096])
-    p.add_argument("--reps", type=int, default=5)
+    p = sub.add_parser("gemm")
+    p.add_argument("--rows", type=int, nargs="+", default=[1, 4, 16, 64, 512, 4096],
+                   help="row counts (tokens) per product")
+    p.add_argument("--reps", type=int, default=5, help="repetitions per measurement")
     p.add_argument("--model", default=None, help="model folder (default: the embedded default model)")
     p.set_defaults(run=run, quick_overrides={"rows": [1, 16], "reps": 1})
 

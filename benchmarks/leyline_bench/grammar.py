@@ -62,7 +62,7 @@ PROMPT = [Message(role="system", content="You are a helpful agent."),
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("grammar", help="per-token cost of constrained decoding (llguidance masks)")
+    p = sub.add_parser("grammar")
     p.add_argument("--tokens", type=int, default=64, help="max tokens per generation")
     p.add_argument("--rounds", type=int, default=8, help="generations per arm (interleaved)")
     p.set_defaults(run=run, quick_overrides={"tokens": 8, "rounds": 1})

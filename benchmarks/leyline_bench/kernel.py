@@ -28,12 +28,13 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("kernel", help="rotate_and_splice GB/s vs a plain torch copy of the same rows")
-    p.add_argument("--rows", type=int, nargs="+", default=[1024 * 2 ** i for i in range(7)])
+    p = sub.add_parser("kernel")
+    p.add_argument("--rows", type=int, nargs="+", default=[1024 * 2 ** i for i in range(7)], help="row counts to copy")
     p.add_argument("--dtype", nargs="+", default=list(DTYPES), choices=list(DTYPES),
                    help="row dtypes to measure (default: %(default)s)")
-    p.add_argument("--reps", type=int, default=15)
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--reps", type=int, default=15, help="repetitions per measurement")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                   help="torch device (default: cuda when present, else cpu)")
     p.add_argument("--model", default=None, help="take the row layout from this model folder")
     p.set_defaults(run=run, quick_overrides={"rows": [1024, 4096], "reps": 3})
 

@@ -36,10 +36,12 @@ ARMS = ("leyline", "peer")
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("prefill", help="prefill tokens/s: Leyline's engine vs transformers, same weights")
-    p.add_argument("--contexts", type=int, nargs="+", default=[512, 2048, 4096, 8192, 16384])
-    p.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], choices=list(DTYPES))
-    p.add_argument("--reps", type=int, default=3)
+    p = sub.add_parser("prefill")
+    p.add_argument("--contexts", type=int, nargs="+", default=[512, 2048, 4096, 8192, 16384],
+                   help="context lengths in tokens")
+    p.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], choices=list(DTYPES),
+                   help="model dtypes to measure")
+    p.add_argument("--reps", type=int, default=3, help="repetitions per measurement")
     p.add_argument("--model", default=None, help="model folder (default: the embedded default model)")
     p.add_argument("--max-positions", type=int, default=None,
                    help="raise max_position_embeddings to this for the timing (default: max of --contexts)")

@@ -25,13 +25,13 @@ DEFAULT_TRACES = Path(__file__).resolve().parents[2] / "benchmarks" / "traces.js
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("replay", help="replay agent traces: no-cache / prefix-cache / leyline amortize / forget")
+    p = sub.add_parser("replay")
     p.add_argument("--traces", default=str(DEFAULT_TRACES), help="JSONL, one trace per line")
-    p.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
+    p.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS), help="which arms to run")
     p.add_argument("--limit", type=int, default=None, help="first N traces only")
-    p.add_argument("--max-turns", type=int, default=None)
-    p.add_argument("--model", default=None)
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--max-turns", type=int, default=None, help="first N turns of each trace only")
+    p.add_argument("--model", default=None, help="model folder (default: the embedded default model)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="model dtype")
     p.set_defaults(run=run, quick_overrides={"limit": 1, "max_turns": 3})
 
 

@@ -34,18 +34,19 @@ from .stats import percentile, ratio
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("serve", help="HTTP load: concurrent edit+generate sessions")
+    p = sub.add_parser("serve")
     p.add_argument("--base-url", default=None, help="a running runtime on loopback (default: start one in-process)")
-    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 8, 16])
+    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 8, 16],
+                   help="concurrent sessions, one level per value")
     p.add_argument("--loops", type=int, default=4, help="edit+generate loops per session")
     p.add_argument("--max-seconds", type=float, default=180.0, help="per level: no new loop after this")
     p.add_argument("--max-tokens", type=int, default=8, help="tokens per generate in the edit loops")
     p.add_argument("--stream-requests", type=int, default=4, help="streamed chat turns per session (decode phase)")
-    p.add_argument("--stream-max-tokens", type=int, default=32)
-    p.add_argument("--api-key", default=None)
+    p.add_argument("--stream-max-tokens", type=int, default=32, help="tokens per streamed generation")
+    p.add_argument("--api-key", default=None, help="API key the server requires (default: none)")
     p.add_argument("--server", default="process", choices=["process", "thread"],
                    help="without --base-url: run the server in a child process (default) or a thread")
-    p.add_argument("--model", default=None)
+    p.add_argument("--model", default=None, help="model folder (default: the embedded default model)")
     p.add_argument("--batch-invariant", action="store_true",
                    help="without --base-url: start the server with --batch-invariant")
     p.add_argument("--cpu-gemm", choices=list(CPU_GEMMS), default="auto",

@@ -39,13 +39,13 @@ MODEL = "leyline-tiny-mla"
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("vllm", help="directives inside vllm serve + Leyline's plugins (needs .venv-vllm)")
+    p = sub.add_parser("vllm")
     p.add_argument("--tokens", type=int, default=2048, help="history length for the edit cells")
     p.add_argument("--repeats", type=int, default=3, help="measurements per cell (median reported)")
     p.add_argument("--traces", default=str(DEFAULT_TRACES), help="JSONL agent traces to replay")
     p.add_argument("--trace-limit", type=int, default=None, help="first N traces only")
     p.add_argument("--per-pattern", type=int, default=None, help="first N traces of each pattern only")
-    p.add_argument("--max-turns", type=int, default=None)
+    p.add_argument("--max-turns", type=int, default=None, help="first N turns of each trace only")
     p.add_argument("--workdir", default=None, help="checkpoint + server logs (default: a temp folder)")
     p.set_defaults(run=run, quick_overrides={"tokens": 512, "repeats": 1, "trace_limit": 1, "max_turns": 3})
 

@@ -1,15 +1,19 @@
 """Leyline's LangChain / LangGraph adapter.
 
+    from langchain.agents import create_agent
+    from langchain.agents.middleware import ContextEditingMiddleware
     from leyline_sdk import LeylineClient, LeylineMemory
-    from leyline_langchain import create_agent
+    from leyline_langchain import ChatLeyline
 
     memory = LeylineMemory(LeylineClient())
-    agent = create_agent(memory, tools=[...], middleware=[ContextEditingMiddleware(...)],
-                         model_kwargs={"max_tokens": 256}, checkpointer=InMemorySaver())
+    agent = create_agent(model=ChatLeyline.from_memory(memory, max_tokens=256), tools=[...],
+                         middleware=[ContextEditingMiddleware(...)], checkpointer=InMemorySaver())
 
-The adapter builds itself from a memory (``ChatLeyline.from_memory(memory)``,
-``LeylineMiddleware(memory)``); imports flow one way: leyline_langchain ->
-leyline_sdk (never the runtime or torch).
+ChatLeyline owns the sync: each model call diffs the view it is given (after every
+middleware edited it) against the session and sends the edits with the generate.
+Threads: :mod:`leyline_langchain.threads`; the converters and the tool-pairing repair
+stay importable from :mod:`.convert` and :mod:`.pairing`. Imports flow one way:
+leyline_langchain -> leyline_sdk (never the runtime or torch).
 """
 
 try:
@@ -19,33 +23,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError(f"leyline_langchain needs LangChain ({exc.name} is missing): "
                       "pip install 'leyline-kv[langchain]'") from exc
 
-from .agent import create_agent
 from .chat_model import ChatLeyline
-from .convert import (
-    TOOLS_MESSAGE_ID,
-    from_leyline,
-    render_tools,
-    to_leyline,
-    to_leyline_messages,
-    tools_message,
-    tools_to_openai,
-)
-from .middleware import LeylineMiddleware
-from .pairing import DEFAULT_PLACEHOLDER, OrphanReport, find_orphans, repair_orphans
+from .threads import ThreadSessionWarning
 
-__all__ = [
-    "DEFAULT_PLACEHOLDER",
-    "TOOLS_MESSAGE_ID",
-    "ChatLeyline",
-    "LeylineMiddleware",
-    "create_agent",
-    "OrphanReport",
-    "find_orphans",
-    "from_leyline",
-    "render_tools",
-    "repair_orphans",
-    "to_leyline",
-    "to_leyline_messages",
-    "tools_message",
-    "tools_to_openai",
-]
+__all__ = ["ChatLeyline", "ThreadSessionWarning"]

@@ -7,10 +7,11 @@ diffs the view against its shadow of the session, sends the edits as
 directives and only the new messages with the generate request. The whole
 history goes over the wire only when the session has to be built.
 
-The thread is the model's own ``thread_id`` field when set, else
-:meth:`LeylineMemory.current_thread_id`: the thread bound by the middleware,
-else ``configurable.thread_id`` of the LangGraph run, else the memory's
-default thread.
+This is the one sync of a model call: inside ``langchain.agents.create_agent``
+the model is the innermost step, so the messages it gets are the view after
+every middleware (e.g. ``ContextEditingMiddleware``) edited it.
+
+The thread: see :mod:`leyline_langchain.threads`.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackMana
 from langchain_core.language_models import BaseChatModel, LanguageModelInput
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
-from langchain_core.runnables import Runnable
+from langchain_core.runnables import Runnable, RunnableConfig
 from langchain_core.tools import BaseTool
 from langchain_core.utils.utils import LC_ID_PREFIX
 from langchain_core.language_models.chat_models import LangSmithParams
@@ -42,6 +43,7 @@ from .convert import (
     tools_to_openai,
 )
 from .pairing import repair_orphans
+from .threads import pop_thread_kwarg, session_event, thread_id_of
 
 __all__ = ["ChatLeyline"]
 
@@ -50,8 +52,7 @@ class ChatLeyline(BaseChatModel):
     """Chat model that generates through a :class:`LeylineMemory`'s thread sessions.
 
     ``ChatLeyline(base_url=..., api_key=...)`` builds its own memory (and so its own
-    default thread); ``ChatLeyline.from_memory(memory)`` shares one, as the agent's
-    model and :class:`~leyline_langchain.middleware.LeylineMiddleware` must.
+    default thread); ``ChatLeyline.from_memory(memory)`` shares one.
     """
 
     model_config = ConfigDict(arbitrary_types_allowed=True, populate_by_name=True)
@@ -87,7 +88,7 @@ class ChatLeyline(BaseChatModel):
 
     @classmethod
     def from_memory(cls, memory: LeylineMemory, **kwargs: Any) -> ChatLeyline:
-        """A chat model on ``memory`` (share it with ``LeylineMiddleware(memory)``)."""
+        """A chat model on ``memory`` (its threads, counters and policy)."""
         return cls(memory=memory, **kwargs)
 
     @property
@@ -135,6 +136,8 @@ class ChatLeyline(BaseChatModel):
 
     def _prepare(self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict[str, Any]
                  ) -> tuple[str, list[Message], dict[str, Any]]:
+        run_thread = pop_thread_kwarg(kwargs)
+        thread = self.thread_id or run_thread or self.memory.default_thread_id
         tools = kwargs.pop("tools", None)
         tool_choice = kwargs.pop("tool_choice", None)
         sampling: dict[str, Any] = {"max_tokens": self.max_tokens, "temperature": self.temperature,
@@ -154,7 +157,6 @@ class ChatLeyline(BaseChatModel):
         choice = runtime_tool_choice(tool_choice) if tools else None
         if choice is not None:
             sampling["tool_choice"] = choice
-        thread = self.thread_id or self.memory.current_thread_id()
         return thread, self.view(messages, tools, tool_choice), sampling
 
     @staticmethod
@@ -182,6 +184,7 @@ class ChatLeyline(BaseChatModel):
             "response_metadata": {
                 "model_provider": "leyline", "model_name": self.model, "finish_reason": response.finish_reason,
                 "session_id": response.session_id, "version": response.version,
+                "session_event": session_event(call, response.session_id),
             },
             "usage_metadata": {
                 "input_tokens": usage.prompt_tokens, "output_tokens": usage.completion_tokens,
@@ -191,6 +194,29 @@ class ChatLeyline(BaseChatModel):
         }
 
     # -- LangChain hooks ----------------------------------------------------------------
+    # The entry points carry the call's thread (from its RunnableConfig) down to the hooks,
+    # which LangChain gives no config.
+
+    @staticmethod
+    def _with_thread(config: RunnableConfig | None, kwargs: dict[str, Any]) -> dict[str, Any]:
+        thread = thread_id_of(config)
+        return kwargs if thread is None else {**kwargs, "leyline_thread_id": thread}
+
+    def invoke(self, input: LanguageModelInput, config: RunnableConfig | None = None, *,
+               stop: list[str] | None = None, **kwargs: Any) -> AIMessage:
+        return super().invoke(input, config, stop=stop, **self._with_thread(config, kwargs))
+
+    async def ainvoke(self, input: LanguageModelInput, config: RunnableConfig | None = None, *,
+                      stop: list[str] | None = None, **kwargs: Any) -> AIMessage:
+        return await super().ainvoke(input, config, stop=stop, **self._with_thread(config, kwargs))
+
+    def stream(self, input: LanguageModelInput, config: RunnableConfig | None = None, *,
+               stop: list[str] | None = None, **kwargs: Any) -> Iterator[AIMessageChunk]:
+        return super().stream(input, config, stop=stop, **self._with_thread(config, kwargs))
+
+    def astream(self, input: LanguageModelInput, config: RunnableConfig | None = None, *,
+                stop: list[str] | None = None, **kwargs: Any) -> AsyncIterator[AIMessageChunk]:
+        return super().astream(input, config, stop=stop, **self._with_thread(config, kwargs))
 
     def _generate(self, messages: list[BaseMessage], stop: list[str] | None = None,
                   run_manager: CallbackManagerForLLMRun | None = None, **kwargs: Any) -> ChatResult:
