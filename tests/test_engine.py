@@ -95,3 +95,16 @@ def test_a_stop_string_before_half_a_character_stops_at_its_token():
     assert state.step(choose(0)) == (0, None)
     token, done = state.step(choose(1))
     assert token == 1 and done is not None and done.stop_string == "STOP" and done.finish_reason == "stop"
+
+
+@pytest.mark.parametrize("temperature", [5e-324, 1e-40])
+def test_a_vanishing_temperature_samples_its_limit_greedy(rt, temperature):
+    """A temperature so small that logits / temperature overflow (schemathesis sent 5e-324 to
+    /v1/chat/completions: a 500, "probability tensor contains inf") decodes greedily."""
+    sid = rt.create_session(SessionCreate(messages=agent_history())).session_id
+    greedy = rt.generate(sid, GenerateRequest(max_tokens=4, temperature=0.0))
+    rt.delete_session(sid)
+    sid = rt.create_session(SessionCreate(messages=agent_history())).session_id
+    tiny = rt.generate(sid, GenerateRequest(max_tokens=4, temperature=temperature, top_p=0.5, seed=1))
+    rt.delete_session(sid)
+    assert tiny.message == greedy.message

@@ -66,6 +66,8 @@ def sample_next(logits: torch.Tensor, params: SamplingParams, gen: torch.Generat
     if params.temperature == 0.0:
         return int(torch.argmax(logits))
     scores = logits / params.temperature
+    if bool(scores.max().isinf()):  # so small a temperature (e.g. 5e-324) the scores overflow: its limit
+        return int(torch.argmax(logits))
     if params.top_k:
         kth = torch.topk(scores, min(params.top_k, scores.shape[-1])).values[-1]
         scores = scores.masked_fill(scores < kth, float("-inf"))
