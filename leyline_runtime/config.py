@@ -53,7 +53,6 @@ class RuntimeConfig:
     prefill_chunk: int = 8192  # the most tokens one forward prefills (activation memory)
     max_batched_tokens: int = 512  # tokens per step while sequences decode (prefill chunks share it)
     max_num_seqs: int = 64  # generations decoding in one step
-    sink_tokens: int = 0
     api_keys: list[str] = field(default_factory=list)
     model_name: str = "leyline-default"
     auto: AutoConfig = field(default_factory=AutoConfig)  # mode "auto" thresholds and the drift budget

@@ -78,8 +78,7 @@ class Runtime:
                              config.max_num_seqs, config.batch_invariant)
         self.blocks = self.engine.blocks  # every block a session takes or gives back goes through it
         self._lock = threading.RLock()  # the session map, eviction, commits and counters; never model work
-        self.executor = DirectiveExecutor(self.engine, self.tokenizer, sink_tokens=config.sink_tokens,
-                                          commit_lock=self._lock)
+        self.executor = DirectiveExecutor(self.engine, self.tokenizer, commit_lock=self._lock)
         self.auto = AutoMode(self.executor, config.auto)
         self.stats = RuntimeStats()
         self.tenancy = Tenancy(num_blocks)

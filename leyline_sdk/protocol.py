@@ -178,7 +178,7 @@ class AutoDecision(BaseModel):
     ``reason``: ``short_tail`` (few tokens follow the edit: forget costs about as much as a
     repair), ``signal`` (the drift signal crossed a threshold), ``below_threshold``,
     ``after_forget`` (an earlier directive of the batch already recomputes this one) or
-    ``no_rotation_kernel`` / ``attention_sink`` (amortize is not possible here).
+    ``no_rotation_kernel`` (amortize is not possible here: the model has no single rope slice).
     """
 
     choice: AutoChoice

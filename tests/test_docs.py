@@ -172,9 +172,3 @@ def test_the_metrics_examples_show_every_series_they_grep_for():
                 checked += 1
     assert checked
 
-
-def test_no_document_names_a_fallback_no_flag_can_cause():
-    """``attention_sink`` needs ``sink_tokens`` > 0, which no serve flag sets (RuntimeConfig default 0)."""
-    serve_flags = options_of(cli_parser("leyline-runtime"), "serve")
-    if not any("sink" in flag for flag in serve_flags):
-        assert [d.name for d in DOCUMENTS if "attention_sink" in d.read_text()] == []

@@ -92,12 +92,11 @@ class Transaction:
 
 class DirectiveExecutor:
     def __init__(self, engine: Engine, tokenizer: ChatTokenizer, kernel: Callable = kernels.rotate_and_splice,
-                 sink_tokens: int = 0, commit_lock=None):
+                 commit_lock=None):
         self.engine = engine
         self.commit_lock = commit_lock or contextlib.nullcontext()  # readers see a session before or after
         self.tokenizer = tokenizer
         self.kernel = kernel  # tests swap in a faulty kernel to check atomicity
-        self.sink_tokens = sink_tokens
 
     # -- planning ------------------------------------------------------------------
 
@@ -206,8 +205,6 @@ class DirectiveExecutor:
                 reason = "after_forget"  # everything after a forget is recomputed anyway
             elif layout.inv_freq is None or len(layout.rotary_slices) != 1:
                 reason = "no_rotation_kernel"
-            elif t.old_start < self.sink_tokens:
-                reason = "attention_sink"
             if reason:
                 t.applied_mode, t.fallback_reason = "forget", reason
                 forget_seen = True
