@@ -6,7 +6,7 @@
 #   make test          the suite without the tests marked slow (.ci/run calls it first)
 #   make test-slow     the tests marked slow (.ci/run calls it second)
 #   make typecheck     mypy on leyline_sdk and leyline_langchain
-#   make docs          regenerate the example outputs of README.md and docs/api.md (tests/test_docs.py checks them)
+#   make docs          regenerate the example outputs of README.md and docs/api.md (tests/repo/test_docs.py checks them)
 #   make dist          both wheels into dist/: leyline-kv and the SDK-only leyline-kv-sdk
 #   make test-vllm     the vLLM plugin against a real `vllm serve` (builds its own .venv-vllm)
 PY ?= python3

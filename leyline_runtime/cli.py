@@ -4,7 +4,7 @@ Subcommands register themselves in :data:`COMMANDS` (name -> (help, add
 arguments, run)); ``serve`` starts the HTTP service.
 
 Building the parser imports neither torch nor FastAPI (``--help`` is instant
-and works without the ``runtime`` extra; tests/test_cli_light.py checks it).
+and works without the ``runtime`` extra; tests/repo/test_cli_light.py checks it).
 ``serve`` checks what it can before the model load (the extra, the model
 folder, the port) and reports a problem as one line.
 

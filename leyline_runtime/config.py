@@ -2,7 +2,7 @@
 
 ``leyline-runtime --help`` reads its defaults and choices from here, so the
 command line and the code it configures cannot disagree, and building the
-parser imports neither torch nor FastAPI (tests/test_cli_light.py checks it).
+parser imports neither torch nor FastAPI (tests/repo/test_cli_light.py checks it).
 This module imports nothing from the rest of the runtime.
 """
 

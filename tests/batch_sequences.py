@@ -1,4 +1,4 @@
-"""Recorded edit sequences for the batch planner's three callers (tests/test_batch_plan.py).
+"""Recorded edit sequences for the batch planner's three callers (tests/sdk/test_batch_plan.py).
 
 A sequence is the list of histories an agent hands over at successive model
 calls; each step is one kind of edit an agent framework makes: a retry, tool

@@ -1,6 +1,6 @@
 """The native REST contract, defined once and run against every backend.
 
-``tests/test_server_api.py`` runs it against the bundled runtime (in-process),
+``tests/server/test_server_api.py`` runs it against the bundled runtime (in-process),
 ``tests/vllm/test_vllm_api_contract.py`` against ``vllm serve`` with Leyline's
 plugin. Each check takes an HTTP client (``get``/``post``/``delete`` relative
 to the server, JSON bodies) and asserts only what every backend promises: paths,

@@ -32,7 +32,7 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SOURCE_ROOTS = [REPO_ROOT, *(REPO_ROOT / d for d in ("kernels", "integrations", "benchmarks", "training"))]
 API_KEY = "sk-demo"
-# Every markdown file whose console outputs and example copies are generated; tests/test_docs.py checks
+# Every markdown file whose console outputs and example copies are generated; tests/repo/test_docs.py checks
 # that no other document holds a console block or an example copy.
 CHECKED_FILES = [REPO_ROOT / "README.md", REPO_ROOT / "docs" / "api.md"]
 

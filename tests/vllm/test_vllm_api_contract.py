@@ -1,5 +1,5 @@
 """The native REST contract (tests/session_api_contract.py, also run against the bundled runtime
-by tests/test_server_api.py) against ``vllm serve`` with Leyline's endpoint plugin."""
+by tests/server/test_server_api.py) against ``vllm serve`` with Leyline's endpoint plugin."""
 
 from __future__ import annotations
 

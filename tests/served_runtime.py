@@ -1,0 +1,72 @@
+"""A real `leyline-runtime serve` subprocess for the tests that need one (a module-scoped fixture and its helpers)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+
+API_KEY = "cli-test-key"
+ADMIN_KEY = "cli-admin-key"  # sees the whole service's metrics; API_KEY sees its tenant's
+STARTUP_TIMEOUT_S = 120
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def serve_command(port: int) -> list[str]:
+    script = shutil.which("leyline-runtime", path=str(Path(sys.executable).parent))
+    base = [script] if script else [sys.executable, "-m", "leyline_runtime.cli"]
+    return [*base, "serve", "--host", "127.0.0.1", "--port", str(port), "--max-cache-tokens", "8192",
+            "--api-key", API_KEY, "--admin-key", ADMIN_KEY, "--threads", "1", "--log-level", "warning"]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    port = free_port()
+    log_path = tmp_path_factory.mktemp("serve") / "serve.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(serve_command(port), stdout=log, stderr=subprocess.STDOUT,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        wait_until_up(proc, port, log_path)
+        yield f"http://127.0.0.1:{port}", log_path
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def wait_until_up(proc: subprocess.Popen, port: int, log_path: Path) -> None:
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"server exited with {proc.returncode}:\n{log_path.read_text()}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    pytest.fail(f"server did not come up in {STARTUP_TIMEOUT_S} s:\n{log_path.read_text()}")
+
+
+def scrape(base_url: str) -> str:
+    r = httpx.get(f"{base_url}/metrics", headers={"Authorization": f"Bearer {ADMIN_KEY}"})
+    r.raise_for_status()
+    return r.text
