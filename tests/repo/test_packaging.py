@@ -12,29 +12,16 @@ These need pip to reach an index (the local mirror or PyPI) and take a minute or
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 import sysconfig
-import textwrap
 import zipfile
 from pathlib import Path
 
 import pytest
+from installs import ok, python, run, venv
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
-
-
-def run(cmd: list[str], cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k not in {"PYTHONPATH", "PYTHONHOME"}}
-    env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
-    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False)
-
-
-def ok(result: subprocess.CompletedProcess[str]) -> str:
-    assert result.returncode == 0, f"{' '.join(result.args)}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
-    return result.stdout
 
 
 @pytest.fixture(scope="module")
@@ -42,15 +29,6 @@ def wheels(tmp_path_factory) -> dict[str, Path]:
     out = tmp_path_factory.mktemp("dist")
     ok(run([sys.executable, str(ROOT / "sdk" / "build.py"), "--out", str(out)], cwd=ROOT))
     return {"full": next(out.glob("leyline_kv-*.whl")), "sdk": next(out.glob("leyline_kv_sdk-*.whl"))}
-
-
-def venv(path: Path) -> Path:
-    ok(run([sys.executable, "-m", "venv", str(path)], cwd=path.parent))
-    return path / "bin" / "python"
-
-
-def python(interpreter: Path, code: str) -> str:
-    return ok(run([str(interpreter), "-c", textwrap.dedent(code)], cwd=interpreter.parents[2]))
 
 
 def test_sdk_wheel_is_the_sdk_alone(wheels):

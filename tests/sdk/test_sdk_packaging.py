@@ -16,7 +16,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from test_packaging import ok, python, run, venv
+from installs import ok, python, run, venv
 
 from leyline_sdk.version import __version__
 
