@@ -43,7 +43,7 @@ from ._streaming import StreamEvent
 from .client import AsyncLeylineClient, LeylineClient
 from .errors import SessionNotFound
 from .policy import ModePolicy, default_policy
-from .protocol import MAX_ID_LENGTH, SESSION_ID_PATTERN, Directive, GenerateResponse, Message
+from .protocol import SESSION_ID_PATTERN, SESSION_ID_RULE, Directive, GenerateResponse, Message
 from .tools_prompt import TOOLS_MESSAGE_ID
 
 __all__ = ["TOOLS_MESSAGE_ID", "CallStats", "EditRecord", "LeylineMemory", "ThreadStats", "TokenTally"]
@@ -94,13 +94,11 @@ class LeylineMemory:
     def session_id(self, thread_id: str) -> str:
         """The runtime session id of a thread: ``session_prefix + thread_id``.
 
-        Raises ValueError unless the result is a valid session id: letters, digits
-        and ``. _ : @ -``, starting with a letter or digit, at most 128 characters."""
+        Raises ValueError, naming :data:`~leyline_sdk.protocol.SESSION_ID_RULE`, unless the
+        result is a valid session id."""
         session = f"{self.session_prefix}{thread_id}"
         if not re.fullmatch(SESSION_ID_PATTERN, session):
-            raise ValueError(
-                f"thread id {thread_id!r} cannot name a session: {session!r} must be 1-{MAX_ID_LENGTH} "
-                "characters of letters, digits and . _ : @ -, starting with a letter or digit")
+            raise ValueError(f"thread id {thread_id!r} cannot name a session: {session!r} must be {SESSION_ID_RULE}")
         return session
 
     def shadow(self, thread_id: str) -> list[Message] | None:

@@ -25,8 +25,8 @@ SpanUnit = Literal["message", "token"]
 MAX_ID_LENGTH = 128
 # Session ids travel in URL paths: one path segment of unreserved characters,
 # starting with a letter or digit (so never "." or ".."). 1-128 characters.
-SESSION_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$"
-SESSION_ID_RULE = "1-128 characters of A-Z a-z 0-9 . _ : @ -, starting with a letter or digit"
+SESSION_ID_PATTERN = rf"^[A-Za-z0-9][A-Za-z0-9._:@-]{{0,{MAX_ID_LENGTH - 1}}}$"
+SESSION_ID_RULE = f"1-{MAX_ID_LENGTH} characters of A-Z a-z 0-9 . _ : @ -, starting with a letter or digit"
 # torch.Generator.manual_seed takes [-2**63, 2**64); outside that a seed cannot be honoured.
 MIN_SEED, MAX_SEED = -(2**63), 2**64 - 1
 # Directives one batch may carry; a history edit that needs more rebuilds the session
