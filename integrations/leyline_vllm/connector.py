@@ -7,12 +7,19 @@ endpoint plugin sets it; see :mod:`leyline_vllm.request_params`):
   prompt's first tokens. The scheduler side claims them as external cache hits
   (``get_num_new_matched_tokens``, cut to whole blocks and at most
   ``prompt - 1`` tokens, after whatever vLLM's own prefix cache already hit);
-  the worker side copies ``c_kv`` and rotates ``k_pe`` by each copy's delta
-  with ``leyline_kernels.rotate_and_splice`` (interleaved pair layout) straight
-  into the blocks vLLM allocated. vLLM prefills everything after them.
+  the worker side copies the rows into the blocks vLLM allocated, rotating
+  each row's rope part by its copy's delta with ``leyline_kernels.rotate_and_splice``
+  (MLA: ``k_pe`` of the ``c_kv | k_pe`` row; standard attention: the rotary
+  dims of every K head, V copied; see :mod:`leyline_vllm.layout`). vLLM
+  prefills everything after them.
 * ``save``: the worker copies the request's rows (prompt and generated
   tokens), as they stand after each step, into its
   :class:`leyline_vllm.store.RowStore` under this key.
+
+A model whose cache cannot be spliced exactly (see :mod:`leyline_vllm.rope`
+and :mod:`leyline_vllm.layout`) is still served: the worker records why
+(:attr:`LeylineConnector.refusal`, read by the endpoint through
+``leyline_support``), and the endpoint sends no row plans for it.
 
 A load that fails anywhere (missing snapshot, a fault mid-write) marks every
 destination block invalid; with ``kv_load_failure_policy="recompute"`` vLLM
@@ -36,9 +43,10 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 from vllm.logger import init_logger
 
-from leyline_kernels import delta_rotation_table, rotate_and_splice
+from leyline_kernels import delta_rotation_table
 
-from .layout import rope_layout
+from .layout import LayerRows, SpliceLayout, UnsupportedModel, layer_rows
+from .rope import model_rotary_embeddings
 from .plan import RowCopy, covered, from_wire, truncate
 from .request_params import PARAMS_KEY
 from .store import RowStore
@@ -55,9 +63,11 @@ logger = init_logger(__name__)
 
 STORE_GIB_ENV = "LEYLINE_VLLM_STORE_GIB"
 # Test hooks (only for the project's own tests): sessions whose loads fail
-# after a partial write / are copied without rotation.
+# after a partial write / are copied without rotation / rotated with the other pairing.
 FAULT_ENV = "LEYLINE_VLLM_TEST_FAULT_SESSIONS"
 NO_ROTATE_ENV = "LEYLINE_VLLM_TEST_NO_ROTATE_SESSIONS"
+WRONG_PAIRING_ENV = "LEYLINE_VLLM_TEST_WRONG_PAIRING_SESSIONS"
+OTHER_PAIRING = {"half_split": "interleaved", "interleaved": "half_split"}
 
 
 # -- metadata: scheduler -> worker -> scheduler ------------------------------------------------
@@ -124,9 +134,11 @@ class LeylineConnector(KVConnectorBase_V1):
         # scheduler side
         self._tracked: dict[str, _Tracked] = {}
         # worker side
-        self._caches: dict[str, torch.Tensor] = {}  # layer -> [num_slots, width] view
+        self._rows: dict[str, LayerRows] = {}  # layer -> its rows in the paged cache
         self._store = RowStore(int(float(os.environ.get(STORE_GIB_ENV, "4")) * 2**30))
-        self._layout = None
+        self._layout: SpliceLayout | None = None
+        self.refusal: str | None = None  # why this model's cache is not spliced (None: it is)
+        self._num_blocks = kv_cache_config.num_blocks if kv_cache_config is not None else 0
         self._vllm_config = vllm_config
         self._failed_blocks: set[int] = set()
         self._failed_reqs: dict[str, str] = {}
@@ -207,15 +219,28 @@ class LeylineConnector(KVConnectorBase_V1):
     # ---------------------------------------------------------------- worker side
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]):
-        self._layout = rope_layout(self._vllm_config)
-        for name, cache in kv_caches.items():
-            width = cache.shape[-1]
-            if width != self._layout.rope_offset + self._layout.rope_dim:
-                raise ValueError(f"{name}: cache rows are {width} wide, expected c_kv + k_pe = "
-                                 f"{self._layout.rope_offset + self._layout.rope_dim}")
-            self._caches[name] = cache.view(-1, width)  # [num_blocks * block_size, width]
-        logger.info("Leyline connector: %d MLA layers, k_pe %s at column %d", len(self._caches),
-                    self._layout.pair_layout, self._layout.rope_offset)
+        try:
+            self._layout, self._rows = layer_rows(self._vllm_config, kv_caches, model_rotary_embeddings(),
+                                                  self._num_blocks)
+        except UnsupportedModel as exc:  # still served: every directive becomes forget, with this reason
+            self.refusal = str(exc)
+            logger.warning("Leyline connector: this model's cache is not spliced (%s); directives run as forget",
+                           exc)
+            return
+        lay = self._layout
+        logger.info("Leyline connector: %d %s layers, %d row(s) of %d per token, rope %s (%s, %d dims at %d)",
+                    len(self._rows), lay.kind, lay.rows_per_token, lay.row_width, lay.rope.kind,
+                    lay.rope.pair_layout, lay.rope.rotary_dim, lay.rope_offset)
+
+    def support(self) -> dict:
+        """What the endpoint needs to plan: whether rows are spliced, and the layout or the reason."""
+        lay = self._layout
+        if lay is None:
+            return {"supported": False, "reason": self.refusal or "the KV caches are not registered yet"}
+        return {"supported": True, "reason": None, "kind": lay.kind, "rope": lay.rope.kind,
+                "pair_layout": lay.rope.pair_layout, "rotary_dim": lay.rope.rotary_dim,
+                "rope_offset": lay.rope_offset, "rows_per_token": lay.rows_per_token, "row_width": lay.row_width,
+                "layers": len(self._rows)}
 
     def start_load_kv(self, forward_context: "ForwardContext", **kwargs: Any) -> None:
         meta = self._get_connector_metadata()
@@ -243,10 +268,11 @@ class LeylineConnector(KVConnectorBase_V1):
                 continue  # this step's rows are not trustworthy; the recompute saves them
             entry = self._store.get(job.key)
             if entry is None or next(iter(entry.layers.values())).shape[0] != job.num_tokens:
-                entry = self._store.create(job.key, job.num_tokens, self._caches)
+                entry = self._store.create(job.key, job.num_tokens, self._layout.token_width,
+                                           {name: rows.dtype for name, rows in self._rows.items()})
             slots = self._slots(job.block_ids, job.start, job.end)
-            for name, cache in self._caches.items():
-                entry.layers[name][job.start:job.end] = cache.index_select(0, slots).cpu()
+            for name, rows in self._rows.items():
+                entry.layers[name][job.start:job.end] = rows.gather(slots).cpu()
             entry.filled = max(entry.filled, job.end)
 
     def get_block_ids_with_load_errors(self) -> set[int]:
@@ -268,11 +294,12 @@ class LeylineConnector(KVConnectorBase_V1):
     def _slots(self, block_ids: list[int], start: int, end: int) -> torch.Tensor:
         pos = torch.arange(start, end)
         blocks = torch.tensor(block_ids, dtype=torch.int64)[pos // self.block_size]
-        device = next(iter(self._caches.values())).device
-        return (blocks * self.block_size + pos % self.block_size).to(device)
+        return (blocks * self.block_size + pos % self.block_size).to(next(iter(self._rows.values())).device)
 
     def _load(self, job: LoadJob) -> None:
         layout = self._layout
+        if layout is None:
+            raise LookupError(f"unsupported_runtime: {self.refusal}")
         dst_pos, deltas, sources = [], [], []
         no_rotate = job.session in _session_list(NO_ROTATE_ENV)
         for c in job.copies:
@@ -286,13 +313,13 @@ class LeylineConnector(KVConnectorBase_V1):
             raise ValueError(f"copies cover {len(dst_pos)} rows, the load needs [{job.start}, {job.end})")
         slots = self._slots(job.block_ids, job.start, job.end)
         device = slots.device
-        delta_index, cos, sin = delta_rotation_table(torch.tensor(deltas), layout.inv_freq, device)
+        delta_index, cos, sin = delta_rotation_table(torch.tensor(deltas), layout.rope.inv_freq, device)
         inject_fault = job.session in _session_list(FAULT_ENV)
-        for i, (name, cache) in enumerate(self._caches.items()):
+        pairing = OTHER_PAIRING[layout.rope.pair_layout] if job.session in _session_list(WRONG_PAIRING_ENV) \
+            else layout.rope.pair_layout
+        for i, (name, rows) in enumerate(self._rows.items()):
             staged = torch.cat([entry.layers[name][s:s + n] for entry, s, n in sources]).to(device)
-            rotate_and_splice(staged, cache, torch.arange(staged.shape[0], device=device), slots,
-                              delta_index, cos, sin, layout.rope_offset, layout.rope_dim,
-                              pair_layout=layout.pair_layout)
+            rows.splice(staged, slots, delta_index, cos, sin, pairing)
             if inject_fault and i == 0:
                 raise RuntimeError("injected test fault after writing layer 0")
 

@@ -169,7 +169,8 @@ def build_router(original_chat: APIRoute | None) -> APIRouter:
 
     @router.get("/healthz", summary="Health")
     async def healthz(request: Request):
-        return {"status": "ok", "model": _service(request).model_name}
+        support = getattr(request.app.state, "leyline_support", None) or {}
+        return {"status": "ok", "model": _service(request).model_name, "splice": support}
 
     @router.post("/v1/chat/completions", summary="OpenAI chat completions; bound to a session, edits become directives")
     async def chat_completions(request: Request):
@@ -260,7 +261,22 @@ class LeylineEndpoints:
         config = engine_client.vllm_config
         tokenizer = engine_client.renderer.get_tokenizer()
         names = getattr(args, "served_model_name", None)
+        support = await splice_support(engine_client)
         state.leyline = LeylineService(
             engine_client, ChatRenderer(tokenizer), block_size=config.cache_config.block_size,
             max_model_len=config.model_config.max_model_len,
-            model_name=names[0] if names else config.model_config.model)
+            model_name=names[0] if names else config.model_config.model,
+            refusal=None if support.get("supported") else support.get("reason"))
+        state.leyline_support = support
+
+
+async def splice_support(engine_client) -> dict:
+    """The worker connector's verdict on this model (:meth:`LeylineConnector.support`); a worker
+    that cannot answer (no connector, no worker extension) means nothing is spliced, and why."""
+    try:
+        answers = await engine_client.collective_rpc("leyline_support")
+    except Exception as exc:  # noqa: BLE001 - any failure is a named refusal, never a failed start
+        return {"supported": False, "reason": f"the worker did not answer leyline_support ({exc}); start vLLM "
+                                              "with --kv-transfer-config and --worker-extension-cls (docs/vllm.md)"}
+    refused = [a for a in answers if not a.get("supported")]
+    return refused[0] if refused else answers[0]

@@ -15,12 +15,15 @@ class EngineResult:
     finish_reason: str | None
     prompt_len: int
     num_cached_tokens: int  # vLLM's count: its prefix cache + the connector's load
-    report: LoadReport
+    report: LoadReport  # all zero for a request without a row plan
     logprobs: list | None  # vLLM's per-token {token_id: Logprob}
+    planned: bool = True  # the request carried a row plan (the connector reports on it)
 
     @property
     def computed(self) -> int:
         """Prompt tokens vLLM computed for this request."""
+        if not self.planned:  # only vLLM's own prefix cache could supply rows
+            return self.prompt_len - self.num_cached_tokens
         reused = self.report.local_hit + self.report.loaded if self.report.fallback is None \
             else self.report.local_hit
         return self.prompt_len - reused
@@ -31,7 +34,7 @@ async def run_prompt(engine_client, prompt_ids: list[int], sampling: dict, kv_pa
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    params = SamplingParams(**sampling, extra_args=kv_params)
+    params = SamplingParams(**sampling, extra_args=kv_params or None)
     prompt = TokensPrompt(prompt_token_ids=list(prompt_ids))
     if cache_salt:
         prompt["cache_salt"] = cache_salt
@@ -42,4 +45,5 @@ async def run_prompt(engine_client, prompt_ids: list[int], sampling: dict, kv_pa
     return EngineResult(
         token_ids=list(completion.token_ids), text=completion.text, finish_reason=completion.finish_reason,
         prompt_len=len(prompt_ids), num_cached_tokens=final.num_cached_tokens or 0,
-        report=LoadReport.from_output(final.kv_transfer_params), logprobs=completion.logprobs)
+        report=LoadReport.from_output(final.kv_transfer_params), logprobs=completion.logprobs,
+        planned=bool(kv_params))

@@ -9,6 +9,12 @@ changes the history runs one prompt through vLLM with a row plan
 (its replacement is prefilled first), everything else is computed by vLLM.
 Each session has its own ``cache_salt``, so vLLM's prefix cache, where it
 exists, never hands one session's (spliced) blocks to another.
+
+A model whose cache the worker cannot splice (``refusal``: the connector's
+reason, see :mod:`leyline_vllm.rope` and :mod:`leyline_vllm.layout`) is served
+all the same: prompts run without row plans, vLLM's own prefix cache keeps what
+it can, and each ``amortize`` that would have rotated rows is applied as
+``forget`` with ``fallback_reason: "unsupported_runtime: <why>"``.
 """
 
 from __future__ import annotations
@@ -99,8 +105,9 @@ class Sync:
 
 class LeylineService:
     def __init__(self, engine_client, renderer: ChatRenderer, *, block_size: int, max_model_len: int,
-                 model_name: str):
+                 model_name: str, refusal: str | None = None):
         self.engine = engine_client
+        self.refusal = refusal  # why the worker does not splice this model's cache (None: it does)
         self.renderer = renderer
         self.block_size = block_size
         self.max_model_len = max_model_len
@@ -291,6 +298,8 @@ class LeylineService:
     async def _sync(self, session: VllmSession, ids: list[int], *, rotate: bool,
                     sampling: dict | None = None, moved: tuple[int, int] | None = None) -> Sync:
         """Run ``ids`` through vLLM with the session's row plan; the session's snapshot becomes ``ids``."""
+        if self.refusal is not None:
+            return await self._sync_unspliced(session, ids, sampling)
         plan = plan_turn(session.snapshot, ids, rotate=rotate, min_rotated=self.block_size, moved=moved)
         results, scratch = [], []
         load: list[RowCopy] = list(plan.first)
@@ -312,6 +321,15 @@ class LeylineService:
             session.snapshot = None
         await self._drop(scratch + ([old.key] if old else []))
         return _account(plan, results)
+
+    async def _sync_unspliced(self, session: VllmSession, ids: list[int], sampling: dict | None) -> Sync:
+        """``ids`` through vLLM without a row plan (the model is not spliced): vLLM's own prefix cache,
+        salted per session, supplies what it holds; nothing rotates."""
+        result = await run_prompt(self.engine, ids, sampling or ONE_TOKEN, {}, session.salt)
+        sync = Sync([result], TurnPlan(prefix=0, reason=f"unsupported_runtime: {self.refusal}"))
+        sync.computed = result.computed
+        sync.reused = result.prompt_len - result.computed
+        return sync
 
     async def _run(self, session: VllmSession, ids: list[int], load: list[RowCopy], save: str,
                    sampling: dict) -> EngineResult:

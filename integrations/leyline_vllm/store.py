@@ -3,7 +3,8 @@
 vLLM's paged cache forgets a request's blocks once it finishes (and on CPUs
 without AMX it has no prefix cache at all), so, like LMCache, the connector
 keeps its own copy of each session's latest prompt rows: one ``[tokens, width]``
-tensor per attention layer, in the cache's own dtype and row layout.
+tensor per attention layer, in the cache's own dtype (a token's rows as
+:mod:`leyline_vllm.layout` defines them: MLA's ``c_kv | k_pe``, or ``K | V`` per KV head).
 """
 
 from __future__ import annotations
@@ -35,11 +36,10 @@ class RowStore:
             self._entries.move_to_end(key)
         return rows
 
-    def create(self, key: str, num_tokens: int, like: dict[str, torch.Tensor]) -> Rows:
-        """A fresh entry for ``num_tokens`` rows shaped like the cache rows of ``like``."""
+    def create(self, key: str, num_tokens: int, width: int, dtypes: dict[str, torch.dtype]) -> Rows:
+        """A fresh entry for ``num_tokens`` rows of ``width`` values per layer (in each layer's dtype)."""
         self.drop([key])
-        layers = {name: torch.empty(num_tokens, t.shape[-1], dtype=t.dtype, device="cpu")
-                  for name, t in like.items()}
+        layers = {name: torch.empty(num_tokens, width, dtype=dtype, device="cpu") for name, dtype in dtypes.items()}
         rows = Rows(layers)
         self._entries[key] = rows
         self._evict()

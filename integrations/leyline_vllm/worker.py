@@ -27,6 +27,10 @@ class LeylineWorkerExtension:
         """Forget saved rows (a deleted session, a superseded snapshot)."""
         return _connector().store.drop(keys)
 
+    def leyline_support(self) -> dict:
+        """Whether this model's cache is spliced, with the layout or the reason it is not."""
+        return _connector().support()
+
     def leyline_rows(self, key: str, layer: int) -> dict | None:
         """One layer of a saved snapshot as float32 bytes (diagnostics and tests)."""
         entry = _connector().store.get(key)
