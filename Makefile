@@ -87,8 +87,9 @@ test-vllm: $(VLLM_STAMP)
 	LEYLINE_VLLM_TESTS=1 $(VLLM_BIN)/python -m pytest -q -p no:cacheprovider --timeout 1800 tests/vllm
 
 # No venv and no install: a GPU machine's image brings torch and triton, and may reach no registry.
+# A PYTHONPATH given (packages carried to such a machine) is kept after the checkout's folders.
 gpu-check:
-	PYTHONPATH=$(CURDIR):$(CURDIR)/kernels:$(CURDIR)/integrations:$(CURDIR)/benchmarks:$(CURDIR)/training \
+	PYTHONPATH=$(CURDIR):$(CURDIR)/kernels:$(CURDIR)/integrations:$(CURDIR)/benchmarks:$(CURDIR)/training$${PYTHONPATH:+:$$PYTHONPATH} \
 	  $(PY) -m leyline_bench.gpu_check $(ARGS)
 
 clean:

@@ -90,3 +90,22 @@ def test_junit_counts_cuda_tests_apart(tmp_path):
     assert (counts["passed"], counts["skipped"], counts["failed"]) == (2, 1, 1)
     assert (counts["cuda_passed"], counts["cuda_skipped"]) == (1, 1)
     assert counts["failed_tests"] == ["t::test_c[torch-cuda]"]
+
+
+def test_runtime_step_skipped_with_the_missing_module_named(tmp_path):
+    """A GPU image without one of the runtime's dependencies: the step is skipped and says which."""
+    code = (
+        "import sys\n"
+        "class Block:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'llguidance' or name.startswith('llguidance.'):\n"
+        "            raise ModuleNotFoundError(f'No module named {name!r}', name=name)\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "from leyline_bench import gpu_check\n"
+        f"sys.exit(gpu_check.main(['--dry-run', '--out', {str(tmp_path)!r}, '--skip', 'kernels', 'bandwidth']))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    runtime = json.loads((tmp_path / "gpu-check-dry-run.json").read_text())["steps"][2]
+    assert runtime["status"] == "skip" and "'llguidance'" in runtime["reason"]
+    assert "runtime skip (the runtime needs the module 'llguidance'" in proc.stdout.strip().splitlines()[-1]
