@@ -11,6 +11,8 @@ may break either way on other hardware).
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 # fp32 sums in another order (GPU vs CPU kernels, chunked vs whole prefills) differ by a few ulps of the
@@ -85,8 +87,13 @@ def check(device: str) -> dict:
     from leyline_kernels import kernel_backend
 
     torch.manual_seed(0)
-    ref = _walk("cpu")
-    dev = _walk(device)
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False  # full fp32 products (the default), to compare with the CPU's
+    try:
+        ref = _walk("cpu")
+        dev = _walk(device)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
     diffs = {name: fp32_diff(dev[name], ref[name]) for name in ("forward", "amortize", "amortize_rows", "forget")}
     fresh = fp32_diff(dev["forget"], dev["fresh"])
     problems = [f"{name} differs from the CPU's by {d:.3g} (> {DEVICE_TOLERANCE})"
@@ -102,4 +109,4 @@ def check(device: str) -> dict:
             "tolerances": {"vs_cpu": DEVICE_TOLERANCE, "vs_fresh_prefill": FRESH_PREFILL_TOLERANCE},
             "applied_modes": [dev["amortize_mode"], dev["forget_mode"]],
             "greedy_tokens_equal_cpu": dev["greedy"] == ref["greedy"],
-            "fp32_matmul_precision": torch.get_float32_matmul_precision()}
+            "tf32_env_override": os.environ.get("NVIDIA_TF32_OVERRIDE")}

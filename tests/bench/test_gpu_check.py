@@ -52,7 +52,7 @@ def test_dry_run_report_fields(dry_run):
         ("deepseek-v2-lite", 576, 27), ("deepseek-v3", 576, 61)}
     for c in cells:
         assert c["triton_bit_identical_to_torch"] is True
-        assert set(c["gb_per_s"]) == {"copy", "triton", "torch"} and all(v > 0 for v in c["gb_per_s"].values())
+        assert set(c["gb_per_s"]) == {"copy", "triton", "triton_kernel", "torch"} and all(v > 0 for v in c["gb_per_s"].values())
         assert c["triton_vs_copy"] == pytest.approx(c["gb_per_s"]["triton"] / c["gb_per_s"]["copy"])
     runtime = steps["runtime"]
     assert runtime["applied_modes"] == ["amortize", "forget"] and runtime["kernel_backend"] == "torch"
