@@ -9,6 +9,8 @@
 #   make docs          regenerate the example outputs of README.md and docs/api.md (tests/repo/test_docs.py checks them)
 #   make dist          both wheels into dist/: leyline-kv and the SDK-only leyline-kv-sdk
 #   make test-vllm     the vLLM plugin against a real `vllm serve` (builds its own .venv-vllm)
+#   make gpu-check     kernels, their bandwidth and the runtime on CUDA with this python, no install;
+#                      a CPU dry run without a GPU (docs/performance.md) [ARGS=--dry-run]
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -22,7 +24,7 @@ VLLM_VENV := .venv-vllm
 VLLM_BIN := $(VLLM_VENV)/bin
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: serve test test-slow typecheck docs dist install clean test-vllm
+.PHONY: serve test test-slow typecheck docs dist install clean test-vllm gpu-check
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -83,6 +85,12 @@ $(VLLM_STAMP): pyproject.toml
 test-vllm: $(VLLM_STAMP)
 	# the first test also waits for vllm serve to start (minutes on a small CPU)
 	LEYLINE_VLLM_TESTS=1 $(VLLM_BIN)/python -m pytest -q -p no:cacheprovider --timeout 1800 tests/vllm
+
+# No venv and no install: a GPU machine's image brings torch and triton, and may reach no registry.
+# A PYTHONPATH given (packages carried to such a machine) is kept after the checkout's folders.
+gpu-check:
+	PYTHONPATH=$(CURDIR):$(CURDIR)/kernels:$(CURDIR)/integrations:$(CURDIR)/benchmarks:$(CURDIR)/training$${PYTHONPATH:+:$$PYTHONPATH} \
+	  $(PY) -m leyline_bench.gpu_check $(ARGS)
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) dist build

@@ -1,5 +1,11 @@
-"""kernels/: rotate-and-splice (torch reference, Triton via the interpreter),
-the delta-rotation table and the backend dispatch.
+"""kernels/: rotate-and-splice (torch reference, Triton), the delta-rotation
+table and the backend dispatch.
+
+Every case builds its tensors on the CPU; the backends run on each device the
+process has (``on_device`` copies the arguments there and the pools back).
+Triton runs one way per process: interpreted on CPU tensors with
+``TRITON_INTERPRET=1`` (the default here), compiled on CUDA tensors with
+``TRITON_INTERPRET=0`` (``make gpu-check`` runs this file that way).
 
 Run: TRITON_INTERPRET=1 python -m pytest -q tests/kernels/test_kernels.py
 """
@@ -29,8 +35,13 @@ from leyline_kernels.rotate_and_splice_triton import triton_available
 REPO = Path(__file__).resolve().parents[2]
 HAS_TRITON = triton_available()
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+HAS_CUDA = torch.cuda.is_available()
 needs_triton = pytest.mark.skipif(
     not (HAS_TRITON and INTERPRET), reason="needs triton with TRITON_INTERPRET=1 (CPU)"
+)
+needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+needs_compiled_triton = pytest.mark.skipif(
+    not (HAS_CUDA and HAS_TRITON and not INTERPRET), reason="needs CUDA and triton with TRITON_INTERPRET=0"
 )
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
@@ -104,9 +115,44 @@ def random_pool(num_rows: int, width: int, dtype, seed: int, scale: float = 3.0)
     return (torch.randn(num_rows, width, generator=g) * scale).to(dtype)
 
 
+def on_device(fn, device: str):
+    """``fn`` run on ``device`` copies of its tensor arguments; the pools' results are copied
+    back into the caller's pools (one copy when they are the same tensor), so every assertion
+    reads CPU tensors whichever device computed them."""
+    if device == "cpu":
+        return fn
+
+    def run(src_pool, dst_pool, *args, **kwargs):
+        src = src_pool.to(device)
+        dst = src if dst_pool is src_pool else dst_pool.to(device)
+        fn(src, dst, *(a.to(device) if isinstance(a, torch.Tensor) else a for a in args), **kwargs)
+        src_pool.copy_(src.cpu())
+        dst_pool.copy_(dst.cpu())
+
+    return run
+
+
 BACKENDS = [
-    pytest.param(rotate_and_splice_torch, id="torch"),
-    pytest.param(rotate_and_splice_triton, id="triton", marks=needs_triton),
+    pytest.param(rotate_and_splice_torch, id="torch-cpu"),
+    pytest.param(rotate_and_splice_triton, id="triton-cpu", marks=needs_triton),
+    pytest.param(on_device(rotate_and_splice_torch, "cuda"), id="torch-cuda", marks=needs_cuda),
+    pytest.param(on_device(rotate_and_splice_triton, "cuda"), id="triton-cuda", marks=needs_compiled_triton),
+]
+# Triton against the CPU torch reference: interpreted on CPU tensors, compiled on CUDA ones.
+TRITON_DEVICES = [
+    pytest.param("cpu", id="cpu", marks=needs_triton),
+    pytest.param("cuda", id="cuda", marks=needs_compiled_triton),
+]
+
+
+def triton_on(device: str):
+    return on_device(rotate_and_splice_triton, device)
+
+
+# The dispatching entry point, on each device (on CUDA it picks Triton when triton imports).
+DISPATCHES = [
+    pytest.param(rotate_and_splice, id="dispatch-cpu"),
+    pytest.param(on_device(rotate_and_splice, "cuda"), id="dispatch-cuda", marks=needs_cuda),
 ]
 
 
@@ -156,10 +202,10 @@ def test_table_rejects_bad_input():
 
 # -------------------------------------- torch reference vs Triton kernel
 
-@needs_triton
+@pytest.mark.parametrize("device", TRITON_DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).split(".")[-1])
 @pytest.mark.parametrize("same_pool", [True, False], ids=["same-pool", "two-pools"])
-def test_triton_bit_identical_to_torch_paged(dtype, same_pool):
+def test_triton_bit_identical_to_torch_paged(dtype, same_pool, device):
     count = 1100  # > 2 programs of 512 rows, last one partial
     num_blocks = 160
     src_rows, dst_rows = paged_case(num_blocks, count, src_start=5, dst_start=11, seed=7)
@@ -179,7 +225,7 @@ def test_triton_bit_identical_to_torch_paged(dtype, same_pool):
         dst_rows = torch.randperm(dst0.shape[0], generator=g)[:count]
     before = src.clone()
     rotate_and_splice_torch(ref, ref_dst, src_rows, dst_rows, di, cos, sin, KV_LORA, ROPE)
-    rotate_and_splice_triton(out, out_dst, src_rows, dst_rows, di, cos, sin, KV_LORA, ROPE)
+    triton_on(device)(out, out_dst, src_rows, dst_rows, di, cos, sin, KV_LORA, ROPE)
     assert_bitwise(out_dst, ref_dst)
     assert_bitwise(out, ref)
     # the source rows are untouched
@@ -189,7 +235,7 @@ def test_triton_bit_identical_to_torch_paged(dtype, same_pool):
     assert not torch.equal(bits(ref_dst[dst_rows[moved], KV_LORA:]), bits(before[src_rows[moved], KV_LORA:]))
 
 
-@needs_triton
+@pytest.mark.parametrize("device", TRITON_DEVICES)
 @pytest.mark.parametrize(
     "width,rope_offset,rope_dim",
     [(96, 0, 32),      # [k_pe | c_kv]
@@ -197,7 +243,7 @@ def test_triton_bit_identical_to_torch_paged(dtype, same_pool):
      (576, 512, 64)],  # DeepSeek-V2/V3: kv_lora_rank 512 + qk_rope_head_dim 64
 )
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
-def test_triton_bit_identical_other_layouts(width, rope_offset, rope_dim, dtype):
+def test_triton_bit_identical_other_layouts(width, rope_offset, rope_dim, dtype, device):
     count = 300
     src_rows, dst_rows = paged_case(48, count, src_start=3, dst_start=0, seed=width)
     deltas = torch.tensor(EDGE_DELTAS).repeat(count // len(EDGE_DELTAS) + 1)[:count]
@@ -205,7 +251,7 @@ def test_triton_bit_identical_other_layouts(width, rope_offset, rope_dim, dtype)
     pool = random_pool(48 * BLOCK, width, dtype, seed=5)
     ref, out = pool.clone(), pool.clone()
     rotate_and_splice_torch(ref, ref, src_rows, dst_rows, di, cos, sin, rope_offset, rope_dim)
-    rotate_and_splice_triton(out, out, src_rows, dst_rows, di, cos, sin, rope_offset, rope_dim)
+    triton_on(device)(out, out, src_rows, dst_rows, di, cos, sin, rope_offset, rope_dim)
     assert_bitwise(out, ref)
 
 
@@ -261,10 +307,11 @@ def test_rounding_special_inputs(backend):
 
 # ------------------------------------------ against positions from scratch
 
+@pytest.mark.parametrize("dispatch", DISPATCHES)
 @pytest.mark.parametrize("inv_name", ["deepseek", "yarn"])
 @pytest.mark.parametrize("p0", [2000, 100_000])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
-def test_matches_rope_recomputed_from_scratch(dtype, p0, inv_name):
+def test_matches_rope_recomputed_from_scratch(dtype, p0, inv_name, dispatch):
     inv = deepseek_inv_freq(ROPE) if inv_name == "deepseek" else yarn_inv_freq(ROPE)
     count = 2000
     src_rows, dst_rows = paged_case(300, count, src_start=9, dst_start=2, seed=p0)
@@ -275,7 +322,7 @@ def test_matches_rope_recomputed_from_scratch(dtype, p0, inv_name):
     pool = torch.zeros(300 * BLOCK, WIDTH, dtype=dtype)
     pool[src_rows, KV_LORA:] = rope_from_scratch(x, pos, inv).to(torch.float32).to(dtype)
     di, cos, sin = delta_rotation_table(deltas, inv, "cpu")
-    rotate_and_splice(pool, pool, src_rows, dst_rows, di, cos, sin, KV_LORA, ROPE)
+    dispatch(pool, pool, src_rows, dst_rows, di, cos, sin, KV_LORA, ROPE)
     got = pool[dst_rows, KV_LORA:].to(torch.float64)
     exact = rope_from_scratch(x, pos + deltas, inv)
     h = ROPE // 2
@@ -347,17 +394,17 @@ def test_interleaved_layout_matches_fp64_reference(backend, dtype):
     assert_bitwise(pool[dst_rows, :512], before[src_rows, :512])  # c_kv copied bit for bit
 
 
-@needs_triton
+@pytest.mark.parametrize("device", TRITON_DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).split(".")[-1])
-def test_interleaved_triton_bit_identical_to_torch(dtype):
+def test_interleaved_triton_bit_identical_to_torch(dtype, device):
     pool, args, _, _ = _interleaved_case(dtype, seed=5)
     ref, out = pool.clone(), pool.clone()
     rotate_and_splice_torch(ref, ref, *args, pair_layout="interleaved")
-    rotate_and_splice_triton(out, out, *args, pair_layout="interleaved")
+    triton_on(device)(out, out, *args, pair_layout="interleaved")
     assert_bitwise(out, ref)
 
 
-@pytest.mark.parametrize("backend", BACKENDS + [pytest.param(rotate_and_splice, id="dispatch")])
+@pytest.mark.parametrize("backend", BACKENDS + DISPATCHES)
 def test_wrong_pair_layout_is_caught_by_the_reference(backend):
     """Negative control: rotating interleaved rows as half-split pairs is far off."""
     pool, args, exact, pair = _interleaved_case(torch.float32, seed=9)
@@ -459,9 +506,9 @@ def test_torch_runs_copied_as_slices_match_the_indexed_path(dtype, pair_layout, 
     assert_bitwise(by_slices[untouched], pool[untouched])
 
 
-@needs_triton
+@pytest.mark.parametrize("device", TRITON_DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
-def test_triton_bit_identical_to_torch_runs(dtype):
+def test_triton_bit_identical_to_torch_runs(dtype, device):
     """The slice-copy path against the independent Triton kernel."""
     count = 1100
     src_rows, dst_rows, num_rows = run_case(count, tail=60, seed=8)
@@ -469,11 +516,11 @@ def test_triton_bit_identical_to_torch_runs(dtype):
     pool = random_pool(num_rows, WIDTH, dtype, seed=9)
     ref, out = pool.clone(), pool.clone()
     rotate_and_splice_torch(ref, ref, src_rows, dst_rows, di, cos, sin, KV_LORA, ROPE)
-    rotate_and_splice_triton(out, out, src_rows, dst_rows, di, cos, sin, KV_LORA, ROPE)
+    triton_on(device)(out, out, src_rows, dst_rows, di, cos, sin, KV_LORA, ROPE)
     assert_bitwise(out, ref)
 
 
-@pytest.mark.parametrize("backend", BACKENDS + [pytest.param(rotate_and_splice, id="dispatch")])
+@pytest.mark.parametrize("backend", BACKENDS + DISPATCHES)
 def test_empty_and_int32_indices(backend):
     pool = random_pool(64, WIDTH, torch.float32, seed=0)
     before = pool.clone()

@@ -1,0 +1,220 @@
+"""``make gpu-check``: one script for a GPU machine (written for an H200 whose image has torch,
+Triton and transformers, reaches no registry and cannot install vLLM).
+
+Three steps, then one summary line (``gpu-check: PASS ...`` or ``gpu-check: FAIL ...``):
+
+1. ``kernels``: ``pytest tests/kernels`` with ``TRITON_INTERPRET=0``, so the Triton kernel is
+   compiled for CUDA and its rows are compared bit for bit with the CPU torch reference;
+2. ``bandwidth``: the Triton kernel against a plain indexed copy (``gpu_bandwidth``) at
+   DeepSeek-V2-Lite / V3 rows and a GQA head row, 4k and 32k tokens;
+3. ``runtime``: the bundled runtime's forward, amortize and forget on CUDA against the CPU
+   (``gpu_runtime``); skipped, with the module named, when the image lacks one it needs.
+
+Without CUDA, or with ``--dry-run``, the same steps run on the CPU at tiny sizes (Triton through
+``TRITON_INTERPRET=1``), say that no GPU was used, and write ``gpu-check-dry-run.{json,md}``
+instead of ``gpu-check.{json,md}``, so a dry run never overwrites a GPU report. The report goes to
+``--out``, else ``$OUT`` (the GPU machine's output folder), else ``docs/perf``.
+
+Imports only torch (and triton, lazily), the repo's own packages and the standard library.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import importlib.util
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import torch
+
+from .machine import REPO_ROOT, set_command
+from .output import md_table, write_results
+
+GPU_TOKENS = [4096, 32768]
+DRY_RUN_TOKENS = [16]
+GPU_REPS, DRY_RUN_REPS = 20, 2
+KERNEL_TESTS = "tests/kernels"
+# The dry run's share of them: the CPU suite runs them all; here only the Triton-vs-torch comparisons.
+DRY_RUN_KERNEL_TESTS = "bit_identical"
+KERNEL_TESTS_TIMEOUT_S = 240
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m leyline_bench.gpu_check", description=__doc__.split("\n\n")[0])
+    p.add_argument("--dry-run", action="store_true",
+                   help="run on the CPU at tiny sizes even where CUDA exists (automatic without CUDA)")
+    p.add_argument("--out", default=None, help="report folder (default: $OUT when set, else docs/perf)")
+    p.add_argument("--tokens", type=int, nargs="+", default=None,
+                   help=f"tokens moved per bandwidth cell (default: {GPU_TOKENS} on a GPU, {DRY_RUN_TOKENS} dry)")
+    p.add_argument("--reps", type=int, default=None,
+                   help=f"timed repetitions per arm (default: {GPU_REPS} on a GPU, {DRY_RUN_REPS} dry)")
+    p.add_argument("--skip", nargs="+", default=[], choices=["kernels", "bandwidth", "runtime"],
+                   help="steps to leave out (reported as skipped)")
+    return p
+
+
+def _version(module: str) -> str | None:
+    try:
+        return importlib.metadata.version(module)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _parse_junit(path: Path) -> dict:
+    """Outcome counts of a junit XML report, all tests and those run on CUDA (ids name ``cuda``)."""
+    counts = {key: 0 for key in ("passed", "failed", "skipped", "cuda_passed", "cuda_skipped")}
+    failed = []
+    for case in ET.parse(path).getroot().iter("testcase"):
+        outcome = ("failed" if case.find("failure") is not None or case.find("error") is not None
+                   else "skipped" if case.find("skipped") is not None else "passed")
+        counts[outcome] += 1
+        if "cuda" in case.get("name", "") and outcome != "failed":
+            counts[f"cuda_{outcome}"] += 1
+        if outcome == "failed":
+            failed.append(f"{case.get('classname')}::{case.get('name')}")
+    return {**counts, "failed_tests": failed[:20]}
+
+
+def kernel_tests(on_gpu: bool) -> dict:
+    """``pytest tests/kernels`` in a child process: all of it with Triton compiled on CUDA; on the CPU,
+    interpreted, the bit-identity tests only."""
+    if importlib.util.find_spec("pytest") is None:
+        return {"status": "skip", "reason": "pytest is not installed (the bandwidth step still compares "
+                                            "Triton with torch bit for bit)"}
+    env = dict(os.environ, TRITON_INTERPRET="0" if on_gpu else "1")
+    with tempfile.TemporaryDirectory() as tmp:
+        junit = Path(tmp) / "kernels.xml"
+        select = [] if on_gpu else ["-k", DRY_RUN_KERNEL_TESTS]
+        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *select, f"--junitxml={junit}",
+               KERNEL_TESTS]
+        try:
+            proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+                                  timeout=KERNEL_TESTS_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            return {"status": "fail", "reason": f"pytest ran past {KERNEL_TESTS_TIMEOUT_S} s"}
+        if not junit.is_file():
+            tail = (proc.stdout + proc.stderr).strip().splitlines()[-5:]
+            return {"status": "fail", "reason": f"pytest exited {proc.returncode}: {' | '.join(tail)}"}
+        counts = _parse_junit(junit)
+    shown = ["python", *(a for a in cmd[1:] if not a.startswith("--junitxml"))]
+    result = {"command": " ".join(shown), "triton_interpret": env["TRITON_INTERPRET"], **counts}
+    if proc.returncode != 0 or counts["failed"]:
+        return {**result, "status": "fail", "reason": f"{counts['failed']} kernel tests failed (exit {proc.returncode})"}
+    if on_gpu and (counts["cuda_passed"] == 0 or counts["cuda_skipped"]):
+        return {**result, "status": "fail",
+                "reason": f"CUDA tests: {counts['cuda_passed']} passed, {counts['cuda_skipped']} skipped"}
+    return {**result, "status": "pass", "reason": None}
+
+
+def bandwidth(device: str, tokens: list[int], reps: int) -> dict:
+    from .gpu_bandwidth import measure_all
+
+    if importlib.util.find_spec("triton") is None:
+        return {"status": "skip", "reason": "triton is not installed"}
+    cells = measure_all(tokens, torch.bfloat16, device, reps)
+    broken = [f"{c['shape']} {c['tokens']}" for c in cells if not c["triton_bit_identical_to_torch"]]
+    return {"status": "fail" if broken else "pass",
+            "reason": f"Triton rows differ from torch's at {', '.join(broken)}" if broken else None,
+            "dtype": "bfloat16", "reps": reps, "cells": cells}
+
+
+def _run_step(name: str, fn, skip: list[str]) -> dict:
+    if name in skip:
+        return {"name": name, "status": "skip", "reason": "--skip", "seconds": 0.0}
+    print(f"gpu-check: {name} ...", flush=True)
+    t0 = time.perf_counter()
+    try:
+        result = fn()
+    except Exception as exc:  # a broken step is a FAIL with its error, and the others still run
+        result = {"status": "fail", "reason": f"{type(exc).__name__}: {exc}"}
+    result = {"name": name, **result, "seconds": time.perf_counter() - t0}
+    print(f"gpu-check: {name} {result['status']}" + (f" ({result['reason']})" if result.get("reason") else ""),
+          flush=True)
+    return result
+
+
+def summary_line(report: dict) -> str:
+    steps = report["steps"]
+    where = report["gpu"] or "CPU dry run, no GPU used"
+    parts = [f"{s['name']} {s['status']}" + (f" ({s['reason']})" if s["status"] != "pass" and s.get("reason")
+                                            else "") for s in steps]
+    cells = next((s.get("cells") for s in steps if s["name"] == "bandwidth" and s.get("cells")), None)
+    if cells and not report["dry_run"]:  # interpreted Triton's GB/s say nothing
+        ratios = [c["triton_vs_copy"] for c in cells]
+        alone = [c["triton_kernel_vs_copy"] for c in cells]
+        parts.append(f"triton/copy {min(ratios):.2f}-{max(ratios):.2f} (kernel alone {min(alone):.2f}-{max(alone):.2f})")
+    return f"gpu-check: {report['status'].upper()} on {where}: " + "; ".join(parts)
+
+
+def _markdown(report: dict) -> str:
+    lines = [f"**{report['summary']}**", "",
+             f"GPU: {report['gpu'] or 'none (' + report['no_gpu_reason'] + ')'}; torch {report['torch']}, "
+             f"triton {report['triton'] or 'not installed'}, CUDA {report['cuda_version'] or '–'}.", "",
+             md_table(["step", "status", "seconds", "note"],
+                      [[s["name"], s["status"], s["seconds"], s.get("reason")] for s in report["steps"]])]
+    for step in report["steps"]:
+        if step["name"] == "bandwidth" and step.get("cells"):
+            lines += ["", "Bandwidth, bf16; GB/s = 2 x rows x width x 2 B / median time (rows read and written "
+                          "once; copy = index_select + index_copy_; triton = the call the runtime makes, its argument checks "
+                          "included; kernel alone = without them); rows = tokens x layers (x KV heads for GQA)"
+                      + ("; dry run: Triton interpreted on the CPU, its GB/s mean nothing" if report["dry_run"]
+                         else "") + ":", "",
+                      md_table(["rows of", "tokens", "layers", "rows", "width", "copy GB/s", "triton GB/s",
+                                "kernel alone GB/s", "torch GB/s", "triton/copy", "kernel alone/copy",
+                                "bit-identical"],
+                               [[c["shape"], c["tokens"], c["layers"], c["rows"], c["row_width"],
+                                 c["gb_per_s"]["copy"], c["gb_per_s"]["triton"], c["gb_per_s"]["triton_kernel"],
+                                 c["gb_per_s"]["torch"], c["triton_vs_copy"], c["triton_kernel_vs_copy"],
+                                 c["triton_bit_identical_to_torch"]]
+                                for c in step["cells"]])]
+        if step["name"] == "kernels" and "passed" in step:
+            lines += ["", f"Kernel tests (`{step['command']}`, TRITON_INTERPRET={step['triton_interpret']}): "
+                          f"{step['passed']} passed "
+                          f"({step['cuda_passed']} on CUDA), {step['skipped']} skipped, {step['failed']} failed."]
+        if step["name"] == "runtime" and "diff_vs_cpu" in step:
+            diffs = ", ".join(f"{k} {v:.2g}" for k, v in step["diff_vs_cpu"].items())
+            lines += ["", f"Runtime on {step['device']} (kernel {step['kernel_backend']}) vs CPU: {diffs}; forget vs "
+                          f"fresh prefill {step['forget_vs_fresh_prefill']:.2g}; greedy tokens equal: "
+                          f"{step['greedy_tokens_equal_cpu']}."]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    set_command(["python", "-m", "leyline_bench.gpu_check", *(sys.argv[1:] if argv is None else argv)])
+    on_gpu = torch.cuda.is_available() and not args.dry_run
+    # Before triton is first imported (leyline_kernels imports it at the first launch).
+    os.environ["TRITON_INTERPRET"] = "0" if on_gpu else "1"
+    device = "cuda" if on_gpu else "cpu"
+    no_gpu_reason = None if on_gpu else ("--dry-run" if torch.cuda.is_available()
+                                         else "no CUDA device: torch.cuda.is_available() is False")
+    if not on_gpu:
+        print(f"gpu-check: no GPU used ({no_gpu_reason}); CPU dry run at tiny sizes", flush=True)
+    tokens = args.tokens or (GPU_TOKENS if on_gpu else DRY_RUN_TOKENS)
+    reps = args.reps or (GPU_REPS if on_gpu else DRY_RUN_REPS)
+    from . import gpu_runtime
+
+    steps = [_run_step("kernels", lambda: kernel_tests(on_gpu), args.skip),
+             _run_step("bandwidth", lambda: bandwidth(device, tokens, reps), args.skip),
+             _run_step("runtime", lambda: gpu_runtime.check(device), args.skip)]
+    report = {"benchmark": "gpu-check", "dry_run": not on_gpu, "device": device,
+              "gpu": torch.cuda.get_device_name(0) if on_gpu else None, "no_gpu_reason": no_gpu_reason,
+              "torch": torch.__version__, "triton": _version("triton"), "cuda_version": torch.version.cuda,
+              "status": "fail" if any(s["status"] == "fail" for s in steps) else "pass", "steps": steps}
+    report["summary"] = summary_line(report)
+    out = args.out or os.environ.get("OUT") or str(REPO_ROOT / "docs" / "perf")
+    name = "gpu-check" if on_gpu else "gpu-check-dry-run"
+    write_results(out, name, report, "make gpu-check", _markdown(report))
+    print(f"gpu-check: report in {Path(out) / name}.json and .md", flush=True)
+    print(report["summary"], flush=True)
+    return 0 if report["status"] == "pass" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
