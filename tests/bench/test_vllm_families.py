@@ -60,6 +60,7 @@ CLAIMS = {
     "mistral": (2, 64, (0, 64), "neox", default_freqs(1e6, 64)),
     "glm4": (2, 64, (0, 32), "gptj", default_freqs(10000.0, 32)),
     "gptj": (4, 64, (0, 64), "gptj", default_freqs(10000.0, 64)),
+    "cohere": (2, 64, (0, 64), "gptj", default_freqs(10000.0, 64)),
     "gpt_oss": (2, 64, (0, 64), "neox", yarn_freqs(150000.0, 64, 4.0, 1024, truncate=False)),
 }
 
@@ -121,6 +122,8 @@ def test_family_specific_structure(checkpoints):
     assert config("mistral").sliding_window is None
     oss = config("gpt_oss")
     assert oss.layer_types == ["sliding_attention", "full_attention"] and oss.sliding_window == 128
+    assert oss.rms_norm_eps == 1e-5  # vLLM's GptOss ignores the config's eps and uses 1e-5
+    assert config("cohere").tie_word_embeddings  # vLLM's Cohere has no LM head of its own
     with torch_threads(1):
         qwen2 = transformers.AutoModelForCausalLM.from_pretrained(checkpoints["qwen2"]).model.layers[0].self_attn
         qwen3 = transformers.AutoModelForCausalLM.from_pretrained(checkpoints["qwen3"]).model.layers[0].self_attn
