@@ -32,10 +32,11 @@ from leyline_sdk.protocol import Directive, Message
 from leyline_sdk.tools_prompt import TOOLS_MESSAGE_ID, TOOLS_PREAMBLE
 
 from .output import md_table, write_results
+from .vllm_server import SERVED_MODEL_NAME
 
 POSITIONS = (0.1, 0.5, 0.9)
 DEFAULT_TRACES = Path(__file__).resolve().parents[2] / "benchmarks" / "traces.jsonl"
-MODEL = "leyline-tiny-mla"
+MODEL = SERVED_MODEL_NAME  # the name the bench server is started under
 
 
 def add_parser(sub) -> None:

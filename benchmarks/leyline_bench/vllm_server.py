@@ -18,6 +18,7 @@ from pathlib import Path
 
 import httpx
 
+SERVED_MODEL_NAME = "leyline-tiny"  # what the tests and benches ask for, whichever checkpoint is served
 CONNECTOR_CONFIG = {"kv_connector": "LeylineConnector", "kv_role": "kv_both",
                     "kv_load_failure_policy": "recompute"}
 
@@ -49,7 +50,7 @@ def serve_command(model: str | Path, port: int, *, dtype: str, max_model_len: in
                   python: str = sys.executable, extra: list[str] | None = None) -> list[str]:
     cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
            "--host", "127.0.0.1", "--port", str(port), "--dtype", dtype,
-           "--max-model-len", str(max_model_len), "--served-model-name", "leyline-tiny-mla",
+           "--max-model-len", str(max_model_len), "--served-model-name", SERVED_MODEL_NAME,
            "--kv-transfer-config", json.dumps(CONNECTOR_CONFIG),
            "--worker-extension-cls", "leyline_vllm.worker.LeylineWorkerExtension",
            "--enable-prompt-tokens-details"]
@@ -68,6 +69,7 @@ class VllmServer:
 
     def __init__(self, model: str | Path, workdir: str | Path, *, env: dict[str, str] | None = None,
                  extra: list[str] | None = None, startup_timeout: float = 900.0):
+        self.model = Path(model)
         self.workdir = Path(workdir)
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from leyline_sdk import LeylineClient
+from leyline_bench.vllm_server import SERVED_MODEL_NAME
 from leyline_sdk.protocol import Directive, Message, Span
 from vllm_support import NO_PREFIX_CACHE, NO_PREFIX_CACHE_REASON
 
@@ -61,7 +62,7 @@ def rows(base_url: str, session_id: str, layer: int) -> np.ndarray:
 
 def fresh_reference(base_url: str, messages: list[Message], max_tokens: int = 6) -> dict:
     """vLLM's own chat endpoint (no session: the plugin only forwards) on the same history."""
-    body = {"model": "leyline-tiny-mla", "messages": [m.model_dump(exclude_none=True) for m in messages],
+    body = {"model": SERVED_MODEL_NAME, "messages": [m.model_dump(exclude_none=True) for m in messages],
             "max_tokens": max_tokens, "temperature": 0, "logprobs": True, "top_logprobs": 5}
     r = httpx.post(f"{base_url}/v1/chat/completions", json=body, timeout=600)
     r.raise_for_status()
@@ -249,7 +250,7 @@ def top_k_jsd(p_top: dict[str, float], q_top: dict[str, float]) -> float:
 def test_vllm_prefix_cache_is_salted_per_session(client, base_url):
     """Where vLLM keeps its prefix cache (AMX CPUs, GPUs): a plain resend hits it, another session does not."""
     old = history()
-    body = {"model": "leyline-tiny-mla", "messages": [m.model_dump(exclude_none=True) for m in old],
+    body = {"model": SERVED_MODEL_NAME, "messages": [m.model_dump(exclude_none=True) for m in old],
             "max_tokens": 1, "temperature": 0}
     httpx.post(f"{base_url}/v1/chat/completions", json=body, timeout=600).raise_for_status()
     again = httpx.post(f"{base_url}/v1/chat/completions", json=body, timeout=600).json()
@@ -263,7 +264,7 @@ def test_vllm_prefix_cache_is_salted_per_session(client, base_url):
 def _chat(base_url: str, session_id: str, messages: list[Message], mode: str) -> dict:
     """A session-bound chat whose history differs from the session's: its edits and the generation
     run in one pass through vLLM (two with an amortized replacement)."""
-    body = {"model": "leyline-tiny-mla", "messages": [m.model_dump(exclude_none=True) for m in messages],
+    body = {"model": SERVED_MODEL_NAME, "messages": [m.model_dump(exclude_none=True) for m in messages],
             "max_tokens": 6, "temperature": 0, "logprobs": True, "top_logprobs": 5, "session_id": session_id,
             "leyline": {"mode": mode}}
     r = httpx.post(f"{base_url}/v1/chat/completions", json=body, timeout=600)

@@ -23,6 +23,7 @@ from leyline_sdk.errors import (
     ValidationFailed,
     VersionConflict,
 )
+from leyline_bench.vllm_server import SERVED_MODEL_NAME
 from leyline_sdk.protocol import Directive, Message, Span
 
 REPO = Path(__file__).resolve().parents[2]
@@ -108,7 +109,7 @@ def test_bad_requests_are_4xx_and_change_nothing(client, base_url):
 
 def test_chat_without_session_is_vllms_own(base_url):
     r = httpx.post(f"{base_url}/v1/chat/completions", timeout=600, json={
-        "model": "leyline-tiny-mla", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+        "model": SERVED_MODEL_NAME, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
     assert r.status_code == 200 and "leyline" not in r.json()
     assert httpx.get(f"{base_url}/healthz").json()["status"] == "ok"
 

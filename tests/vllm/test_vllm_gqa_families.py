@@ -1,0 +1,186 @@
+"""The plugin on the model families agents run: one real ``vllm serve`` per family (tiny random checkpoints
+written with transformers at test time), each checked against vLLM itself.
+
+For every family: the connector's verdict (``/healthz`` ``splice``: spliced with this pairing and rotary
+width, or refused with a named reason — never a failed start); ``forget`` equals vLLM's own endpoint on the
+edited history (greedy tokens, logprobs). For spliced families: ``amortize``'s layer-0 rows of the moved
+tokens equal a fresh prefill's — the rotary dims of every K head within rounding, V and the non-rotary K
+dims as vLLM computed them — while the same splice copied without rotation, or rotated with the other
+pairing, fails that check. For refused families: an ``amortize`` that had to rotate is applied as
+``forget`` with ``fallback_reason: "unsupported_runtime: ..."``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import httpx
+import numpy as np
+import pytest
+
+from leyline_bench.vllm_model import make_tiny_checkpoint
+from leyline_bench.vllm_server import VllmServer
+from leyline_sdk import LeylineClient
+from leyline_sdk.protocol import Directive, Span
+from leyline_bench.vllm_server import SERVED_MODEL_NAME
+from test_vllm_directives import REPLACEMENT, assert_same_generation, edited, greedy, history, rows
+
+NO_ROTATE, WRONG_PAIRING = "norotate-fam", "wrongpair-fam"
+
+
+@dataclass(frozen=True)
+class Expected:
+    rope: str | None = None  # the vLLM rotary class read, for spliced families
+    pair_layout: str | None = None
+    partial: bool = False  # rotary_dim < head_size
+    refused: str | None = None  # a phrase of the refusal, for refused families
+    # Greedy tokens compared with vLLM's own fresh prefill. gpt-oss: 1, because vLLM 0.32 (CPU) itself
+    # changes the tokens after the first when a request hits its prefix cache on this hybrid
+    # sliding-window model (plain /v1/completions, no plugin: a resend of the same ids decodes
+    # differently from its first send), and the session's requests do hit it.
+    compared_tokens: int = 6
+
+
+# Every family of leyline_bench.vllm_model.FAMILIES but deepseek_v2 (MLA: test_vllm_directives.py).
+EXPECTED = {
+    "llama3": Expected("Llama3RotaryEmbedding", "half_split"),
+    "llama_linear": Expected("LinearScalingRotaryEmbedding", "half_split"),
+    "qwen2": Expected("RotaryEmbedding", "half_split"),  # qkv bias
+    "qwen3": Expected("RotaryEmbedding", "half_split"),  # q/k norm
+    "qwen3_yarn": Expected("YaRNScalingRotaryEmbedding", "half_split"),
+    "mistral": Expected("RotaryEmbedding", "half_split"),
+    "glm4": Expected("RotaryEmbedding", "interleaved", partial=True),
+    "gptj": Expected("RotaryEmbedding", "interleaved"),  # MHA
+    "cohere": Expected("RotaryEmbedding", "interleaved"),
+    "gpt_oss": Expected(refused="sliding-window", compared_tokens=1),  # alternating sliding-window layers, attention sinks
+}
+
+
+@pytest.fixture(scope="module", params=sorted(EXPECTED))
+def family(request, tmp_path_factory):
+    name = request.param
+    checkpoint = make_tiny_checkpoint(tmp_path_factory.mktemp(f"ckpt-{name}"), name)
+    env = {"LEYLINE_VLLM_TEST_NO_ROTATE_SESSIONS": NO_ROTATE,
+           "LEYLINE_VLLM_TEST_WRONG_PAIRING_SESSIONS": WRONG_PAIRING, "LEYLINE_VLLM_DEBUG_ROUTES": "1"}
+    # 32-token blocks (the CPU backend takes multiples of 32): the short test histories span several
+    with VllmServer(checkpoint, tmp_path_factory.mktemp(f"serve-{name}"), env=env,
+                    extra=["--block-size", "32"]) as server:
+        print(f"\n{name}: vllm serve started in {server.startup_s:.0f} s ({server.dtype})")
+        yield name, server
+
+
+def fresh_reference(family, messages) -> list[dict]:
+    """vLLM's own ``/v1/completions`` (no session, no plugin code) on the history's token ids, rendered by
+    the checkpoint's chat template with transformers (vLLM's chat route renders gpt-oss with Harmony
+    instead, so the ids would differ)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(family[1].model)
+    ids = tokenizer.apply_chat_template([m.model_dump(exclude_none=True) for m in messages],
+                                        add_generation_prompt=True, tokenize=True, return_dict=False)
+    body = {"model": SERVED_MODEL_NAME, "prompt": list(ids), "max_tokens": EXPECTED[family[0]].compared_tokens,
+            "temperature": 0,
+            "logprobs": 5}
+    r = httpx.post(f"{family[1].base_url}/v1/completions", json=body, timeout=600)
+    r.raise_for_status()
+    lp = r.json()["choices"][0]["logprobs"]
+    return [{"token": t, "logprob": v} for t, v in zip(lp["tokens"], lp["token_logprobs"])]
+
+
+@pytest.fixture()
+def client(family):
+    with LeylineClient(family[1].base_url, timeout=600) as c:
+        yield c
+
+
+def splice(family) -> dict:
+    return httpx.get(f"{family[1].base_url}/healthz", timeout=30).json()["splice"]
+
+
+def test_the_connector_names_its_verdict(family):
+    name, _ = family
+    want, got = EXPECTED[name], splice(family)
+    if want.refused:
+        assert got["supported"] is False and want.refused in got["reason"], got
+        return
+    assert got["supported"] is True, got
+    assert got["kind"] == "heads" and got["rope"] == want.rope and got["pair_layout"] == want.pair_layout, got
+    head_size = got["row_width"] // 2
+    assert (got["rotary_dim"] < head_size) == want.partial, got
+
+
+def test_forget_equals_vllms_fresh_prefill(family, client):
+    name, server = family
+    old, s = history(), f"forget-{name}"
+    client.create_session(old, session_id=s)
+    (outcome,) = client.apply(s, [Directive(span=Span(start=3, end=4), replacement=REPLACEMENT,
+                                            mode="forget")]).outcomes
+    assert outcome.applied_mode == "forget" and outcome.fallback_reason is None
+    tol = 5e-2 if server.dtype == "bfloat16" else 2e-2
+    assert_same_generation(greedy(client, s, EXPECTED[name].compared_tokens),
+                           fresh_reference(family, edited(old, 3, REPLACEMENT)), tol)
+
+
+def _split(family, table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Layer rows -> (the rotary dims of every K head, everything else: V and the non-rotary K dims)."""
+    sp = splice(family)
+    per_token = table.reshape(len(table), sp["rows_per_token"], sp["row_width"])
+    lo, hi = sp["rope_offset"], sp["rope_offset"] + sp["rotary_dim"]
+    rest = np.concatenate([per_token[..., :lo], per_token[..., hi:]], axis=-1)
+    return per_token[..., lo:hi], rest
+
+
+def _moved_layer0(family, client, session_id: str):
+    """Amortize one edit in ``session_id``; the moved tokens' layer-0 rows and a fresh prefill's."""
+    old = history()
+    client.create_session(old, session_id=session_id)
+    (outcome,) = client.apply(session_id, [Directive(span=Span(start=3, end=4), replacement=REPLACEMENT,
+                                                     mode="amortize")]).outcomes
+    assert outcome.applied_mode == "amortize", outcome.fallback_reason
+    assert outcome.rotated_tokens >= 64 and outcome.delta != 0
+    first = outcome.token_end + outcome.delta
+    moved = slice(first, first + outcome.rotated_tokens)
+    fresh = f"fresh-{session_id}"
+    client.create_session(edited(old, 3, REPLACEMENT), session_id=fresh)
+    base = family[1].base_url
+    return rows(base, session_id, 0)[moved], rows(base, fresh, 0)[moved]
+
+
+def test_amortize_layer0_rows_equal_a_fresh_prefill(family, client):
+    name, server = family
+    if EXPECTED[name].refused:
+        pytest.skip(f"{name} is refused: nothing is rotated (see test_refused_family_applies_forget_with_reason)")
+    got, want = (_split(family, t) for t in _moved_layer0(family, client, f"amortize-{name}"))
+    bf16 = server.dtype == "bfloat16"
+    scale = np.abs(want[0]).max()
+    rotary_err = np.abs(got[0] - want[0]).max() / scale
+    rest_err = np.abs(got[1] - want[1]).max() / np.abs(want[1]).max()
+    print(f"\n{name}: layer-0 rotary dims max error {rotary_err:.2e} (of the largest), other dims {rest_err:.2e}")
+    assert rotary_err <= (2 * 2.0 ** -8 if bf16 else 1e-4)
+    assert rest_err <= (2 * 2.0 ** -8 if bf16 else 1e-5)
+
+
+@pytest.mark.parametrize("control", [NO_ROTATE, WRONG_PAIRING])
+def test_unrotated_or_wrongly_paired_splice_fails_the_check(family, client, control):
+    name, _ = family
+    if EXPECTED[name].refused:
+        pytest.skip(f"{name} is refused: nothing is rotated")
+    got, want = (_split(family, t) for t in _moved_layer0(family, client, control))  # the hooked session
+    assert np.abs(got[1] - want[1]).max() <= 1e-2 * np.abs(want[1]).max()  # V and the rest still fine
+    assert np.abs(got[0] - want[0]).max() > 0.1 * np.abs(want[0]).max()  # the rotary dims are not
+
+
+def test_refused_family_applies_forget_with_reason(family, client):
+    name, server = family
+    if not EXPECTED[name].refused:
+        pytest.skip(f"{name} is spliced")
+    old, s = history(), f"refused-{name}"
+    client.create_session(old, session_id=s)
+    (outcome,) = client.apply(s, [Directive(span=Span(start=3, end=4), replacement=REPLACEMENT,
+                                            mode="amortize")]).outcomes
+    assert outcome.applied_mode == "forget" and outcome.rotated_tokens == 0
+    assert outcome.fallback_reason.startswith("unsupported_runtime: ") and EXPECTED[name].refused in \
+        outcome.fallback_reason
+    tol = 5e-2 if server.dtype == "bfloat16" else 2e-2
+    assert_same_generation(greedy(client, s, EXPECTED[name].compared_tokens),
+                           fresh_reference(family, edited(old, 3, REPLACEMENT)), tol)
