@@ -34,10 +34,17 @@ class RowCopy:
 
 @dataclass
 class Snapshot:
-    """What the worker holds under ``key``: the rows of ``token_ids``."""
+    """What the worker holds under ``key``: the rows of ``token_ids``; the first ``exact`` of them were
+    computed honestly in this very context (after a rotation, the moved rows and everything computed
+    after them are approximate). ``None``: all of them."""
 
     key: str
     token_ids: list[int]
+    exact: int | None = None
+
+    @property
+    def exact_tokens(self) -> int:
+        return len(self.token_ids) if self.exact is None else min(self.exact, len(self.token_ids))
 
 
 @dataclass

@@ -7,8 +7,12 @@ changes the history runs one prompt through vLLM with a row plan
 (:func:`leyline_vllm.plan.plan_turn`): the unchanged prefix is loaded, for
 ``amortize`` the longest run after the edit is loaded with ``k_pe`` rotated
 (its replacement is prefilled first), everything else is computed by vLLM.
-Each session has its own ``cache_salt``, so vLLM's prefix cache, where it
-exists, never hands one session's (spliced) blocks to another.
+Exact rows are shared, approximate rows private (the rule of vLLM RFC #44223):
+a request whose prompt carries approximate rows (rotated rows, and everything
+computed after them: :attr:`Snapshot.exact`) runs with the session's own
+``cache_salt``, so vLLM's prefix cache never hands those blocks to another
+request; every other request is exact and unsalted, so a system prompt and
+tool definitions that many sessions share are computed once, as in plain vLLM.
 
 A model whose cache the worker cannot splice (``refusal``: the connector's
 reason, see :mod:`leyline_vllm.rope` and :mod:`leyline_vllm.layout`) is served
@@ -301,40 +305,50 @@ class LeylineService:
         if self.refusal is not None:
             return await self._sync_unspliced(session, ids, sampling)
         plan = plan_turn(session.snapshot, ids, rotate=rotate, min_rotated=self.block_size, moved=moved)
+        old = session.snapshot
+        # rows loaded from the snapshot past its exact part are approximate: such a request is salted
+        prefix_exact = plan.prefix <= (old.exact_tokens if old else 0)
         results, scratch = [], []
         load: list[RowCopy] = list(plan.first)
         if plan.rotated is not None and plan.prefill_upto > plan.prefix:
             # the replacement sits before the rotated rows: prefill it (after the prefix) first
             key = session.new_key()
-            results.append(await self._run(session, ids[:plan.prefill_upto], plan.first, key, ONE_TOKEN))
+            results.append(await self._run(session, ids[:plan.prefill_upto], plan.first, key, ONE_TOKEN,
+                                           salted=not prefix_exact))
             scratch.append(key)
             load = [RowCopy(key, 0, 0, plan.prefill_upto)] if results[0].report.saved == key else []
-        if plan.rotated is not None and (not results or load):
+        rotating = plan.rotated is not None and (not results or bool(load))
+        if rotating:
             load.append(plan.rotated)
         key = session.new_key()
-        results.append(await self._run(session, ids, load, key, sampling or ONE_TOKEN))
-        old = session.snapshot
+        approximate = rotating or (bool(load) and not prefix_exact)
+        results.append(await self._run(session, ids, load, key, sampling or ONE_TOKEN, salted=approximate))
         last = results[-1]
         if last.report.saved == key:  # the prompt's rows, and those of the tokens it generated
-            session.snapshot = Snapshot(key, (list(ids) + last.token_ids)[:last.report.saved_tokens])
+            exact = None  # all of them: nothing approximate was loaded, or a failed load was recomputed
+            if approximate and last.report.fallback is None:
+                exact = plan.prefill_upto if rotating and prefix_exact else old.exact_tokens
+            session.snapshot = Snapshot(key, (list(ids) + last.token_ids)[:last.report.saved_tokens], exact)
         else:
             session.snapshot = None
         await self._drop(scratch + ([old.key] if old else []))
         return _account(plan, results)
 
     async def _sync_unspliced(self, session: VllmSession, ids: list[int], sampling: dict | None) -> Sync:
-        """``ids`` through vLLM without a row plan (the model is not spliced): vLLM's own prefix cache,
-        salted per session, supplies what it holds; nothing rotates."""
-        result = await run_prompt(self.engine, ids, sampling or ONE_TOKEN, {}, session.salt)
+        """``ids`` through vLLM without a row plan (the model is not spliced): nothing rotates, so every
+        row is exact and the request unsalted; vLLM's own prefix cache supplies what it holds."""
+        result = await run_prompt(self.engine, ids, sampling or ONE_TOKEN, {}, None)
         sync = Sync([result], TurnPlan(prefix=0, reason=f"unsupported_runtime: {self.refusal}"))
         sync.computed = result.computed
         sync.reused = result.prompt_len - result.computed
         return sync
 
     async def _run(self, session: VllmSession, ids: list[int], load: list[RowCopy], save: str,
-                   sampling: dict) -> EngineResult:
+                   sampling: dict, *, salted: bool) -> EngineResult:
+        """One request; ``salted`` where it loads approximate rows, so that the blocks vLLM's prefix cache
+        keeps of it (rotated rows and everything computed after them) answer only this session."""
         params = request_params(session.session_id, load, save)
-        return await run_prompt(self.engine, ids, sampling, params, session.salt)
+        return await run_prompt(self.engine, ids, sampling, params, session.salt if salted else None)
 
     async def _drop(self, keys: list[str]) -> None:
         if keys:
@@ -372,12 +386,12 @@ def _account(plan: TurnPlan, results: list[EngineResult]) -> Sync:
     sync.computed = sum(r.computed for r in results)
     last = results[-1]
     reached = last.prompt_len - last.computed  # rows the last request did not compute
-    if len(results) == 2:
-        sync.reused = results[0].prompt_len - results[0].computed
-    else:
-        sync.reused = min(plan.prefix, reached)
     if plan.rotated is not None and last.report.fallback is None:
         sync.rotated = max(0, min(reached, plan.rotated.dst_end) - plan.rotated.dst_start)
+    if len(results) == 2:
+        sync.reused = results[0].prompt_len - results[0].computed
+    else:  # the kept prefix, and whatever vLLM's own prefix cache held (a system prompt other sessions share)
+        sync.reused = max(0, reached - sync.rotated)
     return sync
 
 

@@ -164,13 +164,16 @@ def test_unrotated_copy_fails_the_layer0_check(client, base_url, tol):
 
 
 def test_another_session_gets_no_spliced_rows(client, base_url):
-    """Salt isolation: a second session with the very same edited history computes its own rows."""
+    """Salt isolation: a second session with the very same edited history computes its own rows (it may
+    share the exact prefix before the edit where vLLM's prefix cache is on)."""
     old = history()
     s = sid()
-    _amortize(client, s, old)
+    (outcome,) = _amortize(client, s, old).outcomes
     other = sid("other")
     info = client.create_session(edited(old, 3, REPLACEMENT), session_id=other)
-    assert info.counters.reused_tokens == 0 and info.counters.prefilled_tokens == info.num_tokens
+    # at most the exact prefix before the edit (vLLM's own prefix cache, where it is on), never s's rows
+    assert info.counters.reused_tokens <= outcome.token_start
+    assert info.counters.prefilled_tokens == info.num_tokens - info.counters.reused_tokens
     fresh = sid("fresh")
     client.create_session(edited(old, 3, REPLACEMENT), session_id=fresh)
     # layer 1: the spliced session differs from a fresh prefill, the other session does not
@@ -248,7 +251,8 @@ def top_k_jsd(p_top: dict[str, float], q_top: dict[str, float]) -> float:
 
 @pytest.mark.skipif(NO_PREFIX_CACHE, reason=NO_PREFIX_CACHE_REASON)
 def test_vllm_prefix_cache_is_salted_per_session(client, base_url):
-    """Where vLLM keeps its prefix cache (AMX CPUs, GPUs): a plain resend hits it, another session does not."""
+    """Where vLLM keeps its prefix cache (AMX CPUs, GPUs): a plain resend hits it; another session shares
+    the exact prefix before an edit, never the spliced blocks."""
     old = history()
     body = {"model": SERVED_MODEL_NAME, "messages": [m.model_dump(exclude_none=True) for m in old],
             "max_tokens": 1, "temperature": 0}
@@ -256,9 +260,10 @@ def test_vllm_prefix_cache_is_salted_per_session(client, base_url):
     again = httpx.post(f"{base_url}/v1/chat/completions", json=body, timeout=600).json()
     assert again["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
     s = sid()
-    _amortize(client, s, old)
+    (outcome,) = _amortize(client, s, old).outcomes
     info = client.create_session(edited(old, 3, REPLACEMENT), session_id=sid("other"))
-    assert info.counters.reused_tokens == 0  # its salt differs: none of s's (spliced) blocks
+    # the exact prefix before the edit is shared (unsalted); none of s's spliced blocks (salted)
+    assert 0 < info.counters.reused_tokens <= outcome.token_start
 
 
 def _chat(base_url: str, session_id: str, messages: list[Message], mode: str) -> dict:

@@ -184,3 +184,41 @@ def test_refused_family_applies_forget_with_reason(family, client):
     tol = 5e-2 if server.dtype == "bfloat16" else 2e-2
     assert_same_generation(greedy(client, s, EXPECTED[name].compared_tokens),
                            fresh_reference(family, edited(old, 3, REPLACEMENT)), tol)
+
+
+SHARED_SYSTEM = ("You are the operations agent of a harbour office. Tools: lookup_berth(ship) returns the berth "
+                 "of a ship; list_cargo(ship) returns its manifest; weather(port) returns the forecast; "
+                 "notify(crew, text) sends a message. Always answer in one short paragraph, name the tool you "
+                 "used, and never invent a berth number. ") * 3
+
+
+def test_exact_prefix_is_shared_spliced_rows_stay_private(family, client):
+    """Sessions share the exact rows of a common system prompt (unsalted requests, vLLM's own prefix cache);
+    a plain request for an amortized session's edited prompt reuses only its exact rows."""
+    name, server = family
+    if name != "qwen3":
+        pytest.skip("one GQA family is enough (vLLM keeps its prefix cache for it on this CPU)")
+    from leyline_sdk.protocol import Message
+
+    def with_system(messages):
+        return [Message(role="system", content=SHARED_SYSTEM)] + messages[1:]
+
+    first = client.create_session(with_system(history()), session_id="shared-a")
+    other = client.create_session(with_system(history()[:1] + history()[3:]), session_id="shared-b")
+    system_tokens = first.segments[0].end
+    block = 32
+    assert other.counters.reused_tokens >= system_tokens - system_tokens % block > 0
+    (outcome,) = client.apply("shared-a", [Directive(span=Span(start=3, end=4), replacement=REPLACEMENT,
+                                                     mode="amortize")]).outcomes
+    assert outcome.applied_mode == "amortize" and outcome.rotated_tokens > 0
+    first_moved = outcome.token_end + outcome.delta  # rows from here on were rotated (approximate)
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(server.model)
+    edited_history = edited(with_system(history()), 3, REPLACEMENT)
+    ids = tokenizer.apply_chat_template([m.model_dump(exclude_none=True) for m in edited_history],
+                                        tokenize=True, return_dict=False)
+    body = {"model": SERVED_MODEL_NAME, "prompt": list(ids), "max_tokens": 1, "temperature": 0}
+    plain = httpx.post(f"{server.base_url}/v1/completions", json=body, timeout=600).json()
+    cached = plain["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert system_tokens - system_tokens % block <= cached <= first_moved, (cached, first_moved)
