@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 from urllib.parse import quote
 
+import uuid
+
 import httpx
 import pydantic
 
@@ -28,6 +30,8 @@ from .protocol import (
     Message,
     Mode,
     SessionCreate,
+    REBUILD_HEADER,
+    SESSION_HEADER,
     SessionInfo,
     SessionList,
 )
@@ -41,25 +45,36 @@ DirectiveLike = Directive | Mapping[str, Any]
 
 @dataclass(frozen=True)
 class Call(Generic[T]):
-    """One endpoint call, ready to send; ``parse`` turns the response into the result."""
+    """One endpoint call, ready to send; ``parse`` turns the response into the result.
+
+    ``headers``: the call's own; a call about one session carries :data:`SESSION_HEADER`
+    (a session-affinity router pins the session's replica by it)."""
 
     method: str
     path: str
     parse: Callable[[httpx.Response], T]
     json: Any = None
     params: Mapping[str, str] | None = None
+    headers: Mapping[str, str] | None = None
 
 
 def create_session(
-    messages: Sequence[MessageLike] | None, session_id: str | None
+    messages: Sequence[MessageLike] | None, session_id: str | None, rebuild_reason: str | None = None
 ) -> Call[SessionInfo]:
+    # Named here, not by the server: behind a router the create must reach the replica that the
+    # session's later calls (routed by its id) reach. The runtimes' own format.
+    session_id = session_id or f"sess_{uuid.uuid4().hex[:16]}"
     body = _validated(SessionCreate, messages=list(messages or []), session_id=session_id)
-    return Call("POST", "/sessions", model_parser(SessionInfo), json=_dump(body))
+    headers = _bound(session_id)
+    if rebuild_reason is not None:
+        headers[REBUILD_HEADER] = rebuild_reason
+    return Call("POST", "/sessions", model_parser(SessionInfo), json=_dump(body), headers=headers)
 
 
 def get_session(session_id: str, include_messages: bool) -> Call[SessionInfo]:
     params = {"include_messages": "true"} if include_messages else None
-    return Call("GET", _session_path(session_id), model_parser(SessionInfo), params=params)
+    return Call("GET", _session_path(session_id), model_parser(SessionInfo), params=params,
+                headers=_bound(session_id))
 
 
 def list_sessions() -> Call[list[SessionInfo]]:
@@ -70,7 +85,7 @@ def list_sessions() -> Call[list[SessionInfo]]:
 
 
 def delete_session(session_id: str) -> Call[None]:
-    return Call("DELETE", _session_path(session_id), no_content)
+    return Call("DELETE", _session_path(session_id), no_content, headers=_bound(session_id))
 
 
 def append(
@@ -78,7 +93,8 @@ def append(
 ) -> Call[AppendResult]:
     body = _validated(AppendRequest, messages=list(messages), expected_version=expected_version)
     return Call(
-        "POST", _session_path(session_id, "/messages"), model_parser(AppendResult), json=_dump(body)
+        "POST", _session_path(session_id, "/messages"), model_parser(AppendResult), json=_dump(body),
+        headers=_bound(session_id),
     )
 
 
@@ -102,7 +118,8 @@ def generate(
     )
     # Only what the caller chose travels, so the runtime's defaults stay the defaults.
     json = _dump(body, include={"messages", "expected_version", *sampling})
-    return Call("POST", _session_path(session_id, "/generate"), model_parser(GenerateResponse), json=json)
+    return Call("POST", _session_path(session_id, "/generate"), model_parser(GenerateResponse), json=json,
+                headers=_bound(session_id))
 
 
 def generate_stream(
@@ -114,7 +131,7 @@ def generate_stream(
     """The streaming generate; its answer is read by :class:`~leyline_sdk._streaming.Stream`
     (``parse`` only reads an answer that is not an event stream)."""
     call = generate(session_id, messages, expected_version, sampling)
-    return Call(call.method, call.path, call.parse, json={**call.json, "stream": True})
+    return Call(call.method, call.path, call.parse, json={**call.json, "stream": True}, headers=call.headers)
 
 
 def apply(
@@ -126,7 +143,8 @@ def apply(
         directives=list(directives),
         expected_version=expected_version,
     )
-    return Call("POST", "/directives", model_parser(DirectiveResult), json=_dump(body))
+    return Call("POST", "/directives", model_parser(DirectiveResult), json=_dump(body),
+                headers=_bound(session_id))
 
 
 def chat(
@@ -154,7 +172,8 @@ def chat(
         body["leyline"] = {"mode": mode}
     if tools is not None:
         body["tools"] = [dict(t) for t in tools]
-    return Call("POST", "/v1/chat/completions", json_object, json=body)
+    return Call("POST", "/v1/chat/completions", json_object, json=body,
+                headers=_bound(session_id) if session_id is not None else None)
 
 
 def health() -> Call[dict[str, Any]]:
@@ -181,6 +200,11 @@ def _chat_message(message: MessageLike) -> dict[str, Any]:
     if isinstance(message, Message):
         return message.model_dump(mode="json", exclude_none=True)
     return dict(message)
+
+
+def _bound(session_id: str) -> dict[str, str]:
+    """The header that routes a call about ``session_id`` (a router hashes on it)."""
+    return {SESSION_HEADER: session_id}
 
 
 def _session_path(session_id: str, suffix: str = "") -> str:

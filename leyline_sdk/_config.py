@@ -62,11 +62,13 @@ class ClientConfig:
             resolved = timeout if isinstance(timeout, httpx.Timeout) else httpx.Timeout(timeout)
         return cls(url.rstrip("/"), key, resolved, max_retries, dict(headers or {}))
 
-    def request_headers(self) -> dict[str, str]:
+    def request_headers(self, call_headers: Mapping[str, str] | None = None) -> dict[str, str]:
+        """Defaults, then the client's ``headers=``, then the call's own (the session header)."""
         headers = {"Accept": "application/json", "User-Agent": f"leyline-sdk/{__version__}"}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
         headers.update(self.headers)
+        headers.update(call_headers or {})
         return headers
 
     def build_request(self, http: httpx.Client | httpx.AsyncClient, call: Call[Any]) -> httpx.Request:
@@ -75,6 +77,6 @@ class ClientConfig:
             self.base_url + call.path,
             json=call.json,
             params=call.params,
-            headers=self.request_headers(),
+            headers=self.request_headers(call.headers),
             timeout=self.timeout,
         )

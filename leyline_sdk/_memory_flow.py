@@ -32,6 +32,11 @@ from .protocol import (
 from .tools_prompt import TOOLS_MESSAGE_ID
 
 Op = Literal["defer", "append", "generate"]
+# Why a session was rebuilt (CallStats.rebuild_reasons, X-Leyline-Rebuild): the server answered 404
+# for a session this memory had (restart, eviction, deletion, a replica that never had it); the
+# runtime refused a batch ("invalid_directive"); the edit needed more directives than a batch
+# carries ("too_many_edits").
+SESSION_NOT_FOUND = "session_not_found"
 Flow = Generator["Req", Any, "Outcome"]
 
 
@@ -48,6 +53,7 @@ class Pending:
     built: bool = False
     resyncs: int = 0
     rebuilds: int = 0
+    rebuild_reasons: list[str] = field(default_factory=list)
 
     def first_mutation(self, prefix: int) -> None:
         if self.prefix_cache is None:
@@ -62,12 +68,14 @@ class ThreadState:
     version: int | None = None
     missing: bool = False  # known to be gone: build it without asking
     built_once: bool = False
+    # why the session this memory knew is gone (the next build is a rebuild, named by it)
+    lost_reason: str | None = None
     pending: Pending = field(default_factory=Pending)
     calls: list[CallStats] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)  # one call at a time
 
-    def lost(self) -> None:
-        self.shadow, self.version, self.missing = None, None, True
+    def lost(self, reason: str) -> None:
+        self.shadow, self.version, self.missing, self.lost_reason = None, None, True, reason
 
     def stale(self) -> None:
         self.shadow, self.version = None, None
@@ -124,7 +132,7 @@ class SyncFlow:
                 target = with_tools(view, th.shadow) if keep_tools else view
                 plan = plan_batch(th.shadow, target, policy=self.policy)
                 if plan.rebuild:  # too many edits for one batch: build the session afresh from the view
-                    yield from self._drop()
+                    yield from self._drop("too_many_edits")
                     continue
                 yield from self._apply(plan, target)
                 if op == "defer":
@@ -147,31 +155,39 @@ class SyncFlow:
             if self.create_error is not None:
                 raise self.create_error from None  # the create was refused for its content
             th.missing = True
+            if th.built_once and th.lost_reason is None:  # it was there (a conflict re-read it): lost since
+                th.lost_reason = SESSION_NOT_FOUND
         else:
             th.shadow, th.version, th.missing = list(info.messages or []), info.version, False
             th.pending.resyncs += 1
 
     def _build(self, target: list[Message]) -> Generator[Req, Any, bool]:
         th, p = self.th, self.th.pending
+        # A rebuild names its reason, to the server too (X-Leyline-Rebuild: counted per replica).
+        reason = th.lost_reason or (SESSION_NOT_FOUND if th.built_once else None)
+        options: dict[str, Any] = {"session_id": th.session_id}
+        if reason is not None:
+            options["rebuild_reason"] = reason
         try:
-            info = yield Req("create_session", (target,), {"session_id": th.session_id})
+            info = yield Req("create_session", (target,), options)
         except (SessionExists, InvalidDirective) as exc:  # created meanwhile by someone else? adopt it
             th.missing, self.create_error = False, exc
             return False
-        th.shadow, th.version, th.missing = list(target), info.version, False
+        th.shadow, th.version, th.missing, th.lost_reason = list(target), info.version, False, None
         p.prefilled += info.num_tokens
         p.prefix_cache = 0  # a fresh session has nothing cached
         p.built = True
-        if th.built_once:
+        if reason is not None:
             p.rebuilds += 1
+            p.rebuild_reasons.append(reason)
         th.built_once = True
         return True
 
-    def _drop(self) -> Generator[Req, Any, None]:
+    def _drop(self, reason: str) -> Generator[Req, Any, None]:
         """Delete the session, so the next attempt builds it from the view."""
         with contextlib.suppress(SessionNotFound):
             yield Req("delete_session", (self.th.session_id,))
-        self.th.lost()
+        self.th.lost(reason)
 
     def _apply(self, plan: BatchPlan, target: list[Message]) -> Generator[Req, Any, None]:
         th = self.th
@@ -193,7 +209,7 @@ class SyncFlow:
                 Req("apply", (th.session_id, directives), {"expected_version": th.version}))
         except InvalidDirective:
             # The runtime refuses this batch: start the session afresh from the view.
-            yield from self._drop()
+            yield from self._drop("invalid_directive")
             raise _Retry from None
         record(th.pending, th.shadow, directives, result, prefix_floor, explain=self.policy is default_policy)
         self.sent.extend(directives)
@@ -233,7 +249,8 @@ class SyncFlow:
         try:
             return (yield req)
         except SessionNotFound:
-            self.th.lost()
+            # restarted, evicted, deleted, or (behind a router) a replica that never had it
+            self.th.lost(SESSION_NOT_FOUND)
             raise _Retry from None
         except VersionConflict:
             self.th.stale()
@@ -280,7 +297,8 @@ def finish_call(th: ThreadState, prompt_tokens: int, completion_tokens: int) -> 
         thread_id=th.thread_id, session_id=th.session_id, directives=p.directives, edits=p.edits,
         prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, reused_tokens=reused,
         rotated_tokens=p.rotated, recomputed_tokens=p.recomputed, prefilled_tokens=p.prefilled,
-        prefix_cache_tokens=p.prefix_cache or 0, built=p.built, resyncs=p.resyncs, rebuilds=p.rebuilds)
+        prefix_cache_tokens=p.prefix_cache or 0, built=p.built, resyncs=p.resyncs, rebuilds=p.rebuilds,
+        rebuild_reasons=list(p.rebuild_reasons))
     th.calls.append(call)
     th.pending = Pending()
     return call

@@ -76,6 +76,9 @@ class CallStats(TokenTally):
     session_id: str
     edits: list[EditRecord] = field(default_factory=list)
     built: bool = False  # the session was created (first call or rebuild) during this call
+    # one per rebuild: "session_not_found" (the server lost it, or a replica never had it),
+    # "invalid_directive" (a batch refused), "too_many_edits" (more edits than one batch carries)
+    rebuild_reasons: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -83,8 +86,11 @@ class ThreadStats(TokenTally):
     """Totals over a thread's model calls (and directives sent so far)."""
 
     model_calls: int = 0
+    rebuild_reasons: dict[str, int] = field(default_factory=dict)  # rebuilds by reason
 
     def add(self, call: CallStats) -> None:
         for f in fields(TokenTally):
             setattr(self, f.name, getattr(self, f.name) + getattr(call, f.name))
         self.model_calls += 1
+        for reason in call.rebuild_reasons:
+            self.rebuild_reasons[reason] = self.rebuild_reasons.get(reason, 0) + 1

@@ -62,7 +62,9 @@ class LeylineClient(_ClientSettings):
     ``base_url`` and ``api_key`` default to ``LEYLINE_BASE_URL`` (else
     ``http://127.0.0.1:8000``) and ``LEYLINE_API_KEY``. Connection failures
     that happen before a request is sent are retried ``max_retries`` times;
-    HTTP errors never are. Pass ``transport=`` (e.g. ``httpx.MockTransport``)
+    HTTP errors never are. Every call about one session carries the
+    ``X-Leyline-Session`` header (a session-affinity router routes by it).
+    Pass ``transport=`` (e.g. ``httpx.MockTransport``)
     or a ready ``http_client=`` (which this client then does not close).
     """
 
@@ -94,9 +96,13 @@ class LeylineClient(_ClientSettings):
     # sessions
 
     def create_session(
-        self, messages: Sequence[MessageLike] | None = None, session_id: str | None = None
+        self, messages: Sequence[MessageLike] | None = None, session_id: str | None = None,
+        *, rebuild_reason: str | None = None,
     ) -> SessionInfo:
-        return self._send(_calls.create_session(messages, session_id))
+        """Create a session (named here when ``session_id`` is None, so a router can pin it).
+        ``rebuild_reason``: this create rebuilds a session the server lost (sent as
+        ``X-Leyline-Rebuild``; the vLLM plugin counts rebuilds by it)."""
+        return self._send(_calls.create_session(messages, session_id, rebuild_reason))
 
     def get_session(self, session_id: str, include_messages: bool = False) -> SessionInfo:
         return self._send(_calls.get_session(session_id, include_messages))
@@ -223,9 +229,10 @@ class AsyncLeylineClient(_ClientSettings):
     # sessions
 
     async def create_session(
-        self, messages: Sequence[MessageLike] | None = None, session_id: str | None = None
+        self, messages: Sequence[MessageLike] | None = None, session_id: str | None = None,
+        *, rebuild_reason: str | None = None,
     ) -> SessionInfo:
-        return await self._send(_calls.create_session(messages, session_id))
+        return await self._send(_calls.create_session(messages, session_id, rebuild_reason))
 
     async def get_session(self, session_id: str, include_messages: bool = False) -> SessionInfo:
         return await self._send(_calls.get_session(session_id, include_messages))

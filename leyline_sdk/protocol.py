@@ -27,6 +27,11 @@ MAX_ID_LENGTH = 128
 # starting with a letter or digit (so never "." or ".."). 1-128 characters.
 SESSION_ID_PATTERN = rf"^[A-Za-z0-9][A-Za-z0-9._:@-]{{0,{MAX_ID_LENGTH - 1}}}$"
 SESSION_ID_RULE = f"1-{MAX_ID_LENGTH} characters of A-Z a-z 0-9 . _ : @ -, starting with a letter or digit"
+# Sent by the SDK on every request about one session: a router pins the session's replica by it
+# (docs/vllm.md, Replicas); a session-bound chat may name its session by it instead of the body.
+SESSION_HEADER = "X-Leyline-Session"
+# Sent by the SDK with a create that rebuilds a session the server lost (the reason): servers count it.
+REBUILD_HEADER = "X-Leyline-Rebuild"
 # torch.Generator.manual_seed takes [-2**63, 2**64); outside that a seed cannot be honoured.
 MIN_SEED, MAX_SEED = -(2**63), 2**64 - 1
 # Directives one batch may carry; a history edit that needs more rebuilds the session

@@ -89,7 +89,7 @@ def test_create_agent_with_context_editing(client):
     client.delete_session(memory.session_id("agent-1"))
     agent.invoke({"messages": [("user", "Thanks. And plus 18?")]}, config)
     last = memory.last_call("agent-1")
-    assert last.built and last.rebuilds == 1
+    assert last.built and last.rebuilds == 1 and last.rebuild_reasons == ["session_not_found"]
     assert checker.checked == len(memory.calls("agent-1"))
 
 

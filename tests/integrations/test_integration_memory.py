@@ -105,6 +105,8 @@ def test_recovers_from_lost_session_conflict_and_new_process(client, app):
     memory.generate("m3", view, message_id="r2", **GEN)
     call = memory.last_call("m3")
     assert call.built and call.rebuilds == 1 and call.prefix_cache_tokens == 0
+    assert call.rebuild_reasons == ["session_not_found"]  # named, and sent as X-Leyline-Rebuild
+    assert memory.stats("m3").rebuild_reasons == {"session_not_found": 1}
     assert_same(session_messages(client, memory, "m3"), memory.shadow("m3"))
 
     # someone else changed the session: version conflict -> re-read, re-diff

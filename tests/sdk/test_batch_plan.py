@@ -67,7 +67,7 @@ class _SessionStore:
             raise SessionNotFound(f"no session {sid}")
         return self._info(include_messages)
 
-    def create_session(self, messages: list[Message], session_id: str) -> SessionInfo:
+    def create_session(self, messages: list[Message], session_id: str, rebuild_reason: str | None = None) -> SessionInfo:
         self.messages, self.version = list(messages), self.version + 1
         self.events.append("build")
         return self._info()

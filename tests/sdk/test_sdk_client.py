@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
+import re
 import socket
 import typing
 from collections.abc import Callable, Iterator
@@ -176,9 +177,40 @@ def test_create_session(make_client: Callable[..., Blocking]) -> None:
 
 
 def test_create_session_without_arguments(make_client: Callable[..., Blocking]) -> None:
+    """The client names the session (the runtimes' format), so a router can pin its replica."""
     rec = Recorder(ok(SESSION, 201))
     make_client(rec).create_session()
-    assert rec.body() == {"messages": []}
+    body = rec.body()
+    assert body["messages"] == [] and re.fullmatch(r"sess_[0-9a-f]{16}", body["session_id"])
+    assert rec.last.headers["X-Leyline-Session"] == body["session_id"]
+
+
+def test_every_session_call_carries_the_session_header(make_client: Callable[..., Blocking]) -> None:
+    """What a session-affinity router hashes on (docs/vllm.md, Replicas), without the caller wiring it."""
+    rec = Recorder(ok(SESSION))
+    client = make_client(rec)
+    seen: dict[str, str | None] = {}
+
+    def sent(name: str, response: httpx.Response, call: Callable[[], Any]) -> None:
+        rec.responses = [response]
+        call()
+        seen[name] = rec.last.headers.get("X-Leyline-Session")
+
+    user = [Message(role="user", content="hi")]
+    sent("create", ok(SESSION, 201), lambda: client.create_session(user, session_id="s1"))
+    sent("get", ok(SESSION), lambda: client.get_session("s1"))
+    sent("delete", httpx.Response(204), lambda: client.delete_session("s1"))
+    sent("append", ok(APPENDED), lambda: client.append("s1", user))
+    sent("generate", ok(GENERATED), lambda: client.generate("s1", user))
+    sent("apply", ok(APPLIED), lambda: client.apply("s1", [Directive(span=Span(start=0, end=1))]))
+    sent("bound chat", ok({"choices": []}), lambda: client.chat(user, session_id="s1"))
+    assert seen == dict.fromkeys(seen, "s1") and len(seen) == 7
+    sent("unbound chat", ok({"choices": []}), lambda: client.chat(user))
+    sent("list", ok({"sessions": []}), lambda: client.list_sessions())
+    assert seen["unbound chat"] is None and seen["list"] is None  # round-robin behind the router
+    rec.responses = [ok(SESSION, 201)]
+    client.create_session(user, session_id="s1", rebuild_reason="session_not_found")
+    assert rec.last.headers["X-Leyline-Rebuild"] == "session_not_found"
 
 
 def test_get_list_delete(make_client: Callable[..., Blocking]) -> None:
