@@ -9,6 +9,8 @@
 #   make docs          regenerate the example outputs of README.md and docs/api.md (tests/repo/test_docs.py checks them)
 #   make dist          both wheels into dist/: leyline-kv and the SDK-only leyline-kv-sdk
 #   make test-vllm     the vLLM plugin against a real `vllm serve` (builds its own .venv-vllm)
+#   make test-replicas two `vllm serve` replicas behind nginx (deploy/nginx-leyline.conf), one restarted
+#                      mid-run (installs Debian's nginx-light with apt-get where nginx is missing: root)
 #   make gpu-check     kernels, their bandwidth and the runtime on CUDA with this python, no install;
 #                      a CPU dry run without a GPU (docs/performance.md) [ARGS=--dry-run]
 PY ?= python3
@@ -24,7 +26,7 @@ VLLM_VENV := .venv-vllm
 VLLM_BIN := $(VLLM_VENV)/bin
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: serve test test-slow typecheck docs dist install clean test-vllm gpu-check
+.PHONY: serve test test-slow typecheck docs dist install clean test-vllm test-replicas nginx gpu-check
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -84,7 +86,18 @@ $(VLLM_STAMP): pyproject.toml
 
 test-vllm: $(VLLM_STAMP)
 	# the first test also waits for vllm serve to start (minutes on a small CPU)
-	LEYLINE_VLLM_TESTS=1 $(VLLM_BIN)/python -m pytest -q -p no:cacheprovider --timeout 1800 tests/vllm
+	LEYLINE_VLLM_TESTS=1 $(VLLM_BIN)/python -m pytest -q -p no:cacheprovider --timeout 1800 tests/vllm \
+	  --ignore=tests/vllm/test_vllm_replicas.py
+
+# nginx for the replicas test: Debian's nginx-light, where no nginx is on PATH or in /usr/sbin.
+nginx:
+	@command -v nginx >/dev/null 2>&1 || test -x /usr/sbin/nginx || \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx-light; }
+
+# Its own target: two replicas start (minutes each on a small CPU) and one restarts mid-run.
+test-replicas: $(VLLM_STAMP) nginx
+	LEYLINE_VLLM_TESTS=1 $(VLLM_BIN)/python -m pytest -q -p no:cacheprovider --timeout 2400 -s \
+	  tests/vllm/test_vllm_replicas.py
 
 # No venv and no install: a GPU machine's image brings torch and triton, and may reach no registry.
 # A PYTHONPATH given (packages carried to such a machine) is kept after the checkout's folders.

@@ -31,6 +31,8 @@ from leyline_runtime.api.sessions import build_session_router
 from leyline_sdk.errors import LeylineError, ValidationFailed
 from leyline_sdk.protocol import (
     MAX_ID_LENGTH,
+    REBUILD_HEADER,
+    SESSION_HEADER,
     AppendRequest,
     AppendResult,
     DirectiveBatch,
@@ -44,10 +46,10 @@ from leyline_sdk.protocol import (
 )
 from leyline_sdk.tools_prompt import TOOL_CALL, tools_message
 
+from .metrics import register_collector
 from .service import LeylineService
 from .template import ChatRenderer
 
-SESSION_HEADER = "X-Leyline-Session"
 # Exposes a session's saved KV rows over HTTP: for the plugin's own tests and diagnostics only.
 DEBUG_ROUTES_ENV = "LEYLINE_VLLM_DEBUG_ROUTES"
 DEFAULT_MAX_TOKENS = 256
@@ -123,9 +125,10 @@ class VllmSessions:
         self.service = _service(request)
 
     async def create_session(self, request: Request, body: SessionCreate, tenant: str) -> SessionInfo:
-        return await self.service.create(body)
+        return await self.service.create(body, rebuild_reason=request.headers.get(REBUILD_HEADER))
 
     async def list_sessions(self, request: Request, tenant: str) -> list[SessionInfo]:
+        # This replica's sessions only: behind a router, each replica lists what was routed to it.
         return [self.service.info(s) for s in list(self.service.sessions.values())]
 
     async def get_session(self, request: Request, session_id: str, tenant: str,
@@ -231,7 +234,8 @@ async def _bound_chat(service: LeylineService, body: BoundChatRequest, sid: str)
         "usage": {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
                   "total_tokens": usage.prompt_tokens + usage.completion_tokens,
                   "prompt_tokens_details": {"cached_tokens": max(0, usage.prompt_tokens - prefilled)}},
-        "leyline": {"session_id": sid, "version": response.version, "rebuilt": turn.rebuilt,
+        "leyline": {"session_id": sid, "version": response.version, "built": turn.built, "rebuilt": turn.rebuilt,
+                    "rebuild_reason": turn.rebuild_reason,
                     "directives_applied": len(turn.outcomes),
                     "outcomes": [o.model_dump(mode="json") for o in turn.outcomes],
                     "appended_messages": turn.appended, "prefilled_tokens": prefilled},
@@ -268,6 +272,7 @@ class LeylineEndpoints:
             model_name=names[0] if names else config.model_config.model,
             refusal=None if support.get("supported") else support.get("reason"))
         state.leyline_support = support
+        register_collector(state.leyline)
 
 
 async def splice_support(engine_client) -> dict:

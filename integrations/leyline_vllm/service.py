@@ -54,6 +54,7 @@ from leyline_sdk.protocol import (
 )
 
 from .engine import EngineResult, run_prompt
+from .metrics import ReplicaStats
 from .plan import RowCopy, Snapshot, TurnPlan, plan_turn
 from .request_params import request_params
 from .template import ChatRenderer
@@ -84,6 +85,10 @@ class ChatTurn:
     outcomes: list[DirectiveOutcome]
     appended: int
     rebuilt: bool
+    # why the session was (re)built from the request: "unknown_session" (this replica did not hold a
+    # session whose history already has replies: a restart, a re-hash), "too_many_edits"; None otherwise
+    rebuild_reason: str | None = None
+    built: bool = False  # this replica did not hold the session: it was built from the request
 
     @property
     def prefilled(self) -> int:
@@ -117,15 +122,20 @@ class LeylineService:
         self.max_model_len = max_model_len
         self.model_name = model_name
         self.sessions: dict[str, VllmSession] = {}
+        self.stats = ReplicaStats()  # served on /metrics (leyline_vllm.metrics)
 
     # -- sessions ---------------------------------------------------------------------------
 
-    async def create(self, body: SessionCreate) -> SessionInfo:
+    async def create(self, body: SessionCreate, rebuild_reason: str | None = None) -> SessionInfo:
+        """``rebuild_reason``: the client rebuilds a session it had (the SDK's ``X-Leyline-Rebuild``)."""
         sid = body.session_id or f"sess_{uuid.uuid4().hex[:16]}"
         if sid in self.sessions:
             raise SessionExists(f"session {sid} already exists")
         session = VllmSession(sid)
         self.sessions[sid] = session
+        self.stats.created += 1
+        if rebuild_reason is not None:
+            self.stats.rebuilt(rebuild_reason)
         async with session.lock:
             try:
                 if body.messages:
@@ -138,6 +148,7 @@ class LeylineService:
     def get(self, sid: str) -> VllmSession:
         session = self.sessions.get(sid)
         if session is None:
+            self.stats.not_found += 1
             raise SessionNotFound(f"no session {sid}")
         return session
 
@@ -153,7 +164,8 @@ class LeylineService:
     async def delete(self, sid: str) -> None:
         session = self.get(sid)
         async with session.lock:
-            self.sessions.pop(sid, None)
+            if self.sessions.pop(sid, None) is not None:
+                self.stats.retire(session.counters)
             if session.snapshot:
                 await self._drop([session.snapshot.key])
 
@@ -188,9 +200,13 @@ class LeylineService:
         The edits and the generation run as one prompt through vLLM (two where an amortized
         replacement must be prefilled first): applying the batch on its own and then generating
         would load the whole history's rows a second time."""
-        created, rebuilt = sid not in self.sessions, False
-        if created:  # new: built from the request, not rebuilt (this service evicts nothing)
-            await self.create(SessionCreate(session_id=sid))
+        created, rebuilt, reason = sid not in self.sessions, False, None
+        if created:
+            # Built from the request. A history that already holds a reply was served elsewhere (another
+            # replica, this one before a restart): a rebuild, named. Without one it is a new session.
+            rebuilt = any(m.role == "assistant" for m in messages)
+            reason = "unknown_session" if rebuilt else None
+            await self.create(SessionCreate(session_id=sid), rebuild_reason=reason)
         session = self.get(sid)
         async with session.lock:
             batch, tail = None, list(messages)
@@ -198,16 +214,18 @@ class LeylineService:
                 plan = plan_chat_batch(session.messages, messages, mode)
                 if plan.rebuild:  # too many edits for one batch: the history starts afresh from the request
                     await self._reset(session)
-                    rebuilt = True
+                    rebuilt, reason = True, "too_many_edits"
+                    self.stats.rebuilt(reason)
                 else:
                     tail = plan.tail
                     # id-only edits render the same: new ids, no rows touched (as the SDK's shadow)
                     session.messages = apply_directives(session.messages, plan.local)
                     if plan.directives:
                         batch = DirectiveBatch(session_id=sid, directives=plan.directives)
+                        self.stats.directives += len(plan.directives)
             body = sampling.model_copy(update={"messages": tail})
             response, _, outcomes = await self._generate(session, body, edits=batch)
-        return ChatTurn(response, outcomes, len(tail), rebuilt)
+        return ChatTurn(response, outcomes, len(tail), rebuilt, reason, created)
 
     async def _reset(self, session: VllmSession) -> None:
         """Empty the session (its saved rows dropped); the caller holds its lock."""
@@ -280,6 +298,7 @@ class LeylineService:
         sync = await self._sync(session, ids, rotate=spans.rotate, moved=spans.moved(bounds))
         session.messages = new
         session.version += 1
+        self.stats.directives += len(batch.directives)
         session.counters.reused_tokens += sync.reused
         session.counters.rotated_tokens += sync.rotated
         session.counters.recomputed_tokens += sync.computed

@@ -1,0 +1,212 @@
+"""Leyline sessions across two `vllm serve` replicas behind nginx (deploy/nginx-leyline.conf), one
+replica restarted mid-run (docs/vllm.md, Replicas). Run by ``make test-replicas``.
+
+A LangGraph agent (examples/langgraph_agent.py's tools and history edits, ``LeylineMemory`` through
+``ChatLeyline``) works on THREADS threads, first against one replica alone (the single-server
+reference), then through the router: the threads spread over both replicas (each replica's own
+``GET /sessions``), every request of a thread reaches one replica (nginx's log), its directives run
+there (the replica's ``leyline_directives`` counter), and the agent's messages equal the reference's.
+Then replica B restarts; each thread gets a follow-up: B's threads are rebuilt from their full
+history with the reason ``session_not_found`` (SDK and B's ``/metrics``), A's continue, and the
+answers still equal the reference's. The rebuild's cost is printed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import httpx
+import pytest
+
+from leyline_bench.vllm_model import make_tiny_checkpoint
+from leyline_bench.vllm_server import VllmServer
+from leyline_sdk import AsyncLeylineClient, LeylineClient, LeylineMemory
+
+from replicas_support import REPO, SITE_CONFIG, Router, metric, nginx_binary, sessions_on
+
+pytestmark = pytest.mark.skipif(nginx_binary() is None, reason="no nginx: run `make test-replicas` (installs it)")
+
+THREADS = [f"thread-{i:02d}" for i in range(10)]
+TASKS = ["What does order #{n} in prices.csv cost with the discount and shipping from the config?",
+         "Thanks. Say the total for order #{n} once more, in one line."]
+MAX_TOKENS = 12
+
+
+@pytest.fixture(scope="module")
+def replicas(tmp_path_factory):
+    """Two replicas of the same tiny GQA checkpoint (Qwen3: spliced, vLLM's prefix cache on)."""
+    checkpoint = make_tiny_checkpoint(tmp_path_factory.mktemp("tiny-qwen3"), "qwen3")
+    servers = [VllmServer(checkpoint, tmp_path_factory.mktemp(f"replica-{name}"), extra=["--block-size", "32"])
+               for name in "ab"]
+    try:
+        with ThreadPoolExecutor(2) as pool:  # both start at once: each takes minutes on a small CPU
+            list(pool.map(lambda s: s.start(), servers))
+        print(f"\nreplicas started in {', '.join(f'{s.startup_s:.0f} s' for s in servers)}")
+        yield servers
+    finally:
+        for s in servers:
+            s.stop()
+
+
+def _example():
+    spec = importlib.util.spec_from_file_location("langgraph_agent", REPO / "examples" / "langgraph_agent.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.make_workdir()
+    return module
+
+
+@dataclass
+class Run:
+    """One agent over THREADS on one base URL: its memory, and per thread and turn the messages and time."""
+
+    base_url: str
+    prefix: str
+    example: object
+    memory: LeylineMemory = field(init=False)
+    agent: object = field(init=False)
+    seconds: dict[tuple[str, int], float] = field(default_factory=dict)
+    calls: dict[tuple[str, int], list] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        from langchain.agents import create_agent
+        from langchain.agents.middleware import ClearToolUsesEdit, ContextEditingMiddleware
+        from langgraph.checkpoint.memory import InMemorySaver
+
+        from leyline_langchain import ChatLeyline
+
+        ex = self.example
+        self.memory = LeylineMemory(AsyncLeylineClient(self.base_url, timeout=600), session_prefix=self.prefix)
+        self.agent = create_agent(
+            model=ChatLeyline.from_memory(self.memory, max_tokens=MAX_TOKENS), tools=[ex.calculator, ex.read_file],
+            system_prompt="You are an order assistant. Use read_file and calculator; answer with the total.",
+            middleware=[ex.ScriptedDecisions(), ex.HistoryEditor(),
+                        ContextEditingMiddleware(edits=[ClearToolUsesEdit(trigger=200, keep=3)])],
+            checkpointer=InMemorySaver())
+
+    async def turn(self, turn: int) -> None:
+        """Every thread, one after the other (greedy answers compared token for token: no batching)."""
+        for i, thread in enumerate(THREADS):
+            config = {"configurable": {"thread_id": thread}, "recursion_limit": 2 * self.example.MAX_CALLS + 1}
+            before = len(self.memory.calls(thread))
+            started = time.perf_counter()
+            await self.agent.ainvoke({"messages": [("user", TASKS[turn].format(n=40 + i))]}, config)
+            self.seconds[thread, turn] = time.perf_counter() - started
+            self.calls[thread, turn] = self.memory.calls(thread)[before:]
+
+    async def transcript(self, thread: str) -> list[tuple]:
+        state = await self.agent.aget_state({"configurable": {"thread_id": thread}})
+        return [(type(m).__name__, m.text, [(c["name"], c["args"]) for c in getattr(m, "tool_calls", None) or []])
+                for m in state.values["messages"]]
+
+
+def _owners(replicas: list[VllmServer], prefix: str) -> dict[str, int]:
+    """thread -> index of the replica whose own listing holds its session (exactly one)."""
+    listings = [sessions_on(r.base_url) for r in replicas]
+    owners = {}
+    for thread in THREADS:
+        holders = [i for i, listing in enumerate(listings) if prefix + thread in listing]
+        assert len(holders) == 1, f"{thread}: held by replicas {holders}"
+        owners[thread] = holders[0]
+    return owners
+
+
+def test_the_doc_shows_the_config_the_test_runs():
+    doc = (REPO / "docs" / "vllm.md").read_text()
+    assert f"```nginx\n{SITE_CONFIG.read_text()}```" in doc, "docs/vllm.md (Replicas) must show deploy/nginx-leyline.conf"
+
+
+def test_threads_pinned_to_replicas_survive_a_restart(replicas, tmp_path):
+    a, b = replicas
+    example = _example()
+    reference = Run(a.base_url, "ref-", example)  # one server, every thread
+    for turn in (0, 1):
+        asyncio.run(reference.turn(turn))
+    with LeylineClient(a.base_url) as direct:
+        for thread in THREADS:
+            direct.delete_session(reference.memory.session_id(thread))
+    directives_before = [metric(r.base_url, "leyline_directives_total") for r in replicas]
+
+    with Router([a.base_url, b.base_url], tmp_path) as router:
+        routed = Run(router.base_url, "lg-", example)
+        asyncio.run(routed.turn(0))
+        owners = _owners(replicas, "lg-")
+        on_b = [t for t in THREADS if owners[t] == 1]
+        assert 0 < len(on_b) < len(THREADS), f"the threads did not spread: {owners}"
+        _check_pinned(router, replicas, owners)
+        _check_directives_ran_on_their_replica(routed, replicas, owners, directives_before)
+        _check_unbound_traffic_is_round_robin(router, replicas)
+
+        b.stop()
+        restart_started = time.perf_counter()
+        b.start()
+        print(f"\nreplica B restarted in {time.perf_counter() - restart_started:.0f} s; "
+              f"its sessions after the restart: {sorted(sessions_on(b.base_url))}")
+        asyncio.run(routed.turn(1))
+        _check_rebuilt_on_b(routed, b, on_b)
+        for thread in THREADS:
+            assert asyncio.run(routed.transcript(thread)) == asyncio.run(reference.transcript(thread)), thread
+        _report_rebuild_cost(reference, routed, on_b)
+
+        with LeylineClient(router.base_url) as client:  # DELETE through the router: by id, to its replica
+            for thread in THREADS:
+                client.delete_session(routed.memory.session_id(thread))
+        assert sessions_on(a.base_url) == sessions_on(b.base_url) == set()
+
+
+def _check_pinned(router: Router, replicas: list[VllmServer], owners: dict[str, int]) -> None:
+    """Every request naming a session went to the one replica that holds it."""
+    addresses = [r.base_url.removeprefix("http://") for r in replicas]
+    seen: dict[str, set[str]] = {}
+    for session, upstream, _, _, _ in router.routes():
+        if session not in ("", "-"):
+            seen.setdefault(session, set()).add(upstream)
+    for thread, owner in owners.items():
+        assert seen.get(f"lg-{thread}") == {addresses[owner]}, (thread, seen.get(f"lg-{thread}"))
+
+
+def _check_directives_ran_on_their_replica(run: Run, replicas, owners, before: list[float]) -> None:
+    sent = [0, 0]
+    for thread, owner in owners.items():
+        sent[owner] += run.memory.stats(thread).directives
+    executed = [metric(r.base_url, "leyline_directives_total") - b for r, b in zip(replicas, before)]
+    print(f"\ndirectives sent per replica {sent}, executed per replica (/metrics) {executed}")
+    assert sum(sent) > 0 and executed == [float(n) for n in sent]
+
+
+def _check_unbound_traffic_is_round_robin(router: Router, replicas) -> None:
+    for _ in range(4):
+        assert httpx.get(f"{router.base_url}/healthz", timeout=30).status_code == 200
+    upstreams = {u for s, u, _, _, path in router.routes() if path == "/healthz" and s in ("", "-")}
+    assert upstreams == {r.base_url.removeprefix("http://") for r in replicas}
+
+
+def _check_rebuilt_on_b(run: Run, b: VllmServer, on_b: list[str]) -> None:
+    """B's threads: the first call after the restart rebuilt the session (named), none failed."""
+    for thread in THREADS:
+        first = run.calls[thread, 1][0]
+        if thread in on_b:
+            assert first.built and first.rebuild_reasons == ["session_not_found"], (thread, first)
+        else:
+            assert not first.built and first.rebuilds == 0, (thread, first)
+    assert metric(b.base_url, "leyline_session_rebuilds_total", 'reason="session_not_found"') == len(on_b)
+    assert metric(b.base_url, "leyline_sessions_live") == len(on_b)
+
+
+def _report_rebuild_cost(reference: Run, routed: Run, on_b: list[str]) -> None:
+    """Per restarted thread: tokens computed and time of the follow-up turn, rebuilt vs the reference's."""
+    lines, totals = [], [0, 0, 0.0, 0.0]
+    for thread in on_b:
+        rebuilt, kept = routed.calls[thread, 1], reference.calls[thread, 1]
+        computed = [sum(c.computed_tokens for c in calls) for calls in (rebuilt, kept)]
+        prompt = rebuilt[0].prompt_tokens
+        seconds = [routed.seconds[thread, 1], reference.seconds[thread, 1]]
+        lines.append(f"  {thread}: prompt {prompt} tokens; computed {computed[0]} rebuilt vs {computed[1]} "
+                     f"on the reference; {seconds[0]:.2f} s vs {seconds[1]:.2f} s")
+        totals = [totals[0] + computed[0], totals[1] + computed[1], totals[2] + seconds[0], totals[3] + seconds[1]]
+    print("rebuild cost after the restart (follow-up turn of B's threads):\n" + "\n".join(lines))
+    print(f"  total: {totals[0]} tokens recomputed vs {totals[1]}; {totals[2]:.2f} s vs {totals[3]:.2f} s")
