@@ -121,11 +121,19 @@ def test_the_doc_shows_the_config_the_test_runs():
 
 
 def test_threads_pinned_to_replicas_survive_a_restart(replicas, tmp_path):
+    loop = asyncio.new_event_loop()  # one loop: the async clients' connections belong to it
+    try:
+        _scenario(replicas, tmp_path, loop.run_until_complete)
+    finally:
+        loop.close()
+
+
+def _scenario(replicas: list[VllmServer], tmp_path, run) -> None:
     a, b = replicas
     example = _example()
     reference = Run(a.base_url, "ref-", example)  # one server, every thread
     for turn in (0, 1):
-        asyncio.run(reference.turn(turn))
+        run(reference.turn(turn))
     with LeylineClient(a.base_url) as direct:
         for thread in THREADS:
             direct.delete_session(reference.memory.session_id(thread))
@@ -133,28 +141,32 @@ def test_threads_pinned_to_replicas_survive_a_restart(replicas, tmp_path):
 
     with Router([a.base_url, b.base_url], tmp_path) as router:
         routed = Run(router.base_url, "lg-", example)
-        asyncio.run(routed.turn(0))
+        run(routed.turn(0))
         owners = _owners(replicas, "lg-")
         on_b = [t for t in THREADS if owners[t] == 1]
         assert 0 < len(on_b) < len(THREADS), f"the threads did not spread: {owners}"
         _check_pinned(router, replicas, owners)
         _check_directives_ran_on_their_replica(routed, replicas, owners, directives_before)
         _check_unbound_traffic_is_round_robin(router, replicas)
+        chats = _bound_chats(router)
 
         b.stop()
         restart_started = time.perf_counter()
         b.start()
         print(f"\nreplica B restarted in {time.perf_counter() - restart_started:.0f} s; "
               f"its sessions after the restart: {sorted(sessions_on(b.base_url))}")
-        asyncio.run(routed.turn(1))
+        run(routed.turn(1))
         _check_rebuilt_on_b(routed, b, on_b)
+        _check_bound_chats_rebuilt_from_their_history(router, replicas, chats)
         for thread in THREADS:
-            assert asyncio.run(routed.transcript(thread)) == asyncio.run(reference.transcript(thread)), thread
+            assert run(routed.transcript(thread)) == run(reference.transcript(thread)), thread
         _report_rebuild_cost(reference, routed, on_b)
 
         with LeylineClient(router.base_url) as client:  # DELETE through the router: by id, to its replica
             for thread in THREADS:
                 client.delete_session(routed.memory.session_id(thread))
+            for sid in chats:
+                client.delete_session(sid)
         assert sessions_on(a.base_url) == sessions_on(b.base_url) == set()
 
 
@@ -195,6 +207,36 @@ def _check_rebuilt_on_b(run: Run, b: VllmServer, on_b: list[str]) -> None:
             assert not first.built and first.rebuilds == 0, (thread, first)
     assert metric(b.base_url, "leyline_session_rebuilds_total", 'reason="session_not_found"') == len(on_b)
     assert metric(b.base_url, "leyline_sessions_live") == len(on_b)
+
+
+CHAT_SESSIONS = [f"chat-{i}" for i in range(6)]
+
+
+def _bound_chats(router: Router) -> dict[str, list[dict]]:
+    """Bound chats (the OpenAI route, the header from the SDK) on CHAT_SESSIONS: session -> history."""
+    histories = {}
+    with LeylineClient(router.base_url, timeout=600) as client:
+        for sid in CHAT_SESSIONS:
+            history = [{"role": "user", "content": f"Note {sid}: the ferry leaves at nine."}]
+            reply = client.chat(history, session_id=sid, max_tokens=4, temperature=0)
+            assert reply["leyline"]["built"] and not reply["leyline"]["rebuilt"]  # new: built, not rebuilt
+            histories[sid] = [*history, {"role": "assistant", "content": reply["choices"][0]["message"]["content"]}]
+    return histories
+
+
+def _check_bound_chats_rebuilt_from_their_history(router: Router, replicas, chats: dict[str, list[dict]]) -> None:
+    """After B's restart a bound chat of B's carries its full history: B builds it from that, named."""
+    b_address = replicas[1].base_url.removeprefix("http://")
+    on_b = {s for s, u, _, _, _ in router.routes() if s in chats and u == b_address}
+    with LeylineClient(router.base_url, timeout=600) as client:
+        for sid, history in chats.items():
+            reply = client.chat([*history, {"role": "user", "content": "And the last one?"}],
+                                session_id=sid, max_tokens=4, temperature=0)
+            report = reply["leyline"]
+            expected = (True, True, "unknown_session") if sid in on_b else (False, False, None)
+            assert (report["built"], report["rebuilt"], report["rebuild_reason"]) == expected, (sid, report)
+    print(f"bound chats on B rebuilt from their history: {sorted(on_b)} of {len(chats)}")
+    assert metric(replicas[1].base_url, "leyline_session_rebuilds_total", 'reason="unknown_session"') == len(on_b)
 
 
 def _report_rebuild_cost(reference: Run, routed: Run, on_b: list[str]) -> None:
