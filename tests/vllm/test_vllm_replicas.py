@@ -8,7 +8,9 @@ reference), then through the router: the threads spread over both replicas (each
 there (the replica's ``leyline_directives`` counter), and the agent's messages equal the reference's.
 Then replica B restarts; each thread gets a follow-up: B's threads are rebuilt from their full
 history with the reason ``session_not_found`` (SDK and B's ``/metrics``), A's continue, and the
-answers still equal the reference's. The rebuild's cost is printed.
+answers still equal the reference's. Bound chats (full history in every request) fail over to A
+while B is down and come home to B after it: each replica that did not hold one built it from the
+request, named. The rebuild's cost is printed.
 """
 
 from __future__ import annotations
@@ -148,16 +150,16 @@ def _scenario(replicas: list[VllmServer], tmp_path, run) -> None:
         _check_pinned(router, replicas, owners)
         _check_directives_ran_on_their_replica(routed, replicas, owners, directives_before)
         _check_unbound_traffic_is_round_robin(router, replicas)
-        chats = _bound_chats(router)
+        chats = BoundChats(router, replicas)
 
         b.stop()
-        restart_started = time.perf_counter()
+        chats.while_b_is_down()
         b.start()
-        print(f"\nreplica B restarted in {time.perf_counter() - restart_started:.0f} s; "
+        print(f"\nreplica B restarted (start to healthy in {b.startup_s:.0f} s); "
               f"its sessions after the restart: {sorted(sessions_on(b.base_url))}")
         run(routed.turn(1))
         _check_rebuilt_on_b(routed, b, on_b)
-        _check_bound_chats_rebuilt_from_their_history(router, replicas, chats)
+        chats.after_b_restarted()
         for thread in THREADS:
             assert run(routed.transcript(thread)) == run(reference.transcript(thread)), thread
         _report_rebuild_cost(reference, routed, on_b)
@@ -165,9 +167,14 @@ def _scenario(replicas: list[VllmServer], tmp_path, run) -> None:
         with LeylineClient(router.base_url) as client:  # DELETE through the router: by id, to its replica
             for thread in THREADS:
                 client.delete_session(routed.memory.session_id(thread))
-            for sid in chats:
+            for sid in chats.histories:
                 client.delete_session(sid)
-        assert sessions_on(a.base_url) == sessions_on(b.base_url) == set()
+        # what the router cannot reach: the copies A built of B's chats while B was down (docs: stray copies)
+        assert sessions_on(a.base_url) == chats.on_b and sessions_on(b.base_url) == set()
+        with LeylineClient(a.base_url) as direct:
+            for sid in chats.on_b:
+                direct.delete_session(sid)
+        assert sessions_on(a.base_url) == set()
 
 
 def _check_pinned(router: Router, replicas: list[VllmServer], owners: dict[str, int]) -> None:
@@ -212,31 +219,46 @@ def _check_rebuilt_on_b(run: Run, b: VllmServer, on_b: list[str]) -> None:
 CHAT_SESSIONS = [f"chat-{i}" for i in range(6)]
 
 
-def _bound_chats(router: Router) -> dict[str, list[dict]]:
-    """Bound chats (the OpenAI route, the header from the SDK) on CHAT_SESSIONS: session -> history."""
-    histories = {}
-    with LeylineClient(router.base_url, timeout=600) as client:
-        for sid in CHAT_SESSIONS:
-            history = [{"role": "user", "content": f"Note {sid}: the ferry leaves at nine."}]
-            reply = client.chat(history, session_id=sid, max_tokens=4, temperature=0)
-            assert reply["leyline"]["built"] and not reply["leyline"]["rebuilt"]  # new: built, not rebuilt
-            histories[sid] = [*history, {"role": "assistant", "content": reply["choices"][0]["message"]["content"]}]
-    return histories
+class BoundChats:
+    """Bound chats (the OpenAI route; the SDK adds the header) on CHAT_SESSIONS, each carrying its full
+    history: built new, then failed over to A while B is down, then home again on the restarted B."""
 
+    def __init__(self, router: Router, replicas: list[VllmServer]):
+        self.router, self.replicas = router, replicas
+        self.histories = {sid: [{"role": "user", "content": f"Note {sid}: the ferry leaves at nine."}]
+                          for sid in CHAT_SESSIONS}
+        reports = self._round(None)
+        assert all(r["built"] and not r["rebuilt"] for r in reports.values()), reports  # new: built, not rebuilt
+        b_address = replicas[1].base_url.removeprefix("http://")
+        self.on_b = {s for s, u, _, _, _ in router.routes() if s in self.histories and u == b_address}
+        assert 0 < len(self.on_b) < len(CHAT_SESSIONS), self.on_b
 
-def _check_bound_chats_rebuilt_from_their_history(router: Router, replicas, chats: dict[str, list[dict]]) -> None:
-    """After B's restart a bound chat of B's carries its full history: B builds it from that, named."""
-    b_address = replicas[1].base_url.removeprefix("http://")
-    on_b = {s for s, u, _, _, _ in router.routes() if s in chats and u == b_address}
-    with LeylineClient(router.base_url, timeout=600) as client:
-        for sid, history in chats.items():
-            reply = client.chat([*history, {"role": "user", "content": "And the last one?"}],
-                                session_id=sid, max_tokens=4, temperature=0)
-            report = reply["leyline"]
-            expected = (True, True, "unknown_session") if sid in on_b else (False, False, None)
+    def _round(self, question: str | None) -> dict[str, dict]:
+        reports = {}
+        with LeylineClient(self.router.base_url, timeout=600) as client:
+            for sid, history in self.histories.items():
+                if question is not None:
+                    history.append({"role": "user", "content": question})
+                reply = client.chat(history, session_id=sid, max_tokens=4, temperature=0)
+                history.append({"role": "assistant", "content": reply["choices"][0]["message"]["content"]})
+                reports[sid] = reply["leyline"]
+        return reports
+
+    def _check(self, reports: dict[str, dict], on: VllmServer) -> None:
+        """B's chats were rebuilt from the history they carry (named), A's continued."""
+        for sid, report in reports.items():
+            expected = (True, True, "unknown_session") if sid in self.on_b else (False, False, None)
             assert (report["built"], report["rebuilt"], report["rebuild_reason"]) == expected, (sid, report)
-    print(f"bound chats on B rebuilt from their history: {sorted(on_b)} of {len(chats)}")
-    assert metric(replicas[1].base_url, "leyline_session_rebuilds_total", 'reason="unknown_session"') == len(on_b)
+        assert metric(on.base_url, "leyline_session_rebuilds_total", 'reason="unknown_session"') == len(self.on_b)
+
+    def while_b_is_down(self) -> None:
+        """nginx hands B's chats to the next replica on the ring (A), which builds them from the request."""
+        self._check(self._round("While the other server is away?"), on=self.replicas[0])
+
+    def after_b_restarted(self) -> None:
+        """Home again: the restarted B builds them once more from the history they carry."""
+        self._check(self._round("And the last one?"), on=self.replicas[1])
+        print(f"bound chats of B rebuilt on A while B was down, then on B: {sorted(self.on_b)} of {len(CHAT_SESSIONS)}")
 
 
 def _report_rebuild_cost(reference: Run, routed: Run, on_b: list[str]) -> None:
