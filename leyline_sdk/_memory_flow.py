@@ -18,7 +18,16 @@ from typing import Any, Literal
 from ._memory_stats import CallStats, EditRecord
 from .batch_plan import BatchPlan, plan_batch
 from .diff import apply_directives
-from .errors import InvalidDirective, LeylineError, SessionExists, SessionNotFound, VersionConflict
+from .errors import (
+    APIConnectionError,
+    APIStatusError,
+    APITimeoutError,
+    InvalidDirective,
+    LeylineError,
+    SessionExists,
+    SessionNotFound,
+    VersionConflict,
+)
 from .policy import EditContext, ModePolicy, default_policy, explain_edit
 from .protocol import (
     AppendResult,
@@ -119,6 +128,7 @@ class SyncFlow:
             message_id: str | None = None) -> Flow:
         th = self.th
         view = [m if isinstance(m, Message) else Message.model_validate(m) for m in view_in]
+        lost_answer: LeylineError | None = None
         for _ in range(self.max_attempts):
             try:
                 if th.shadow is None and not th.missing:
@@ -143,6 +153,16 @@ class SyncFlow:
                 return (yield from self._generate(plan.tail, sampling, message_id))
             except _Retry:
                 continue
+            except (APIStatusError, APIConnectionError) as exc:
+                if not answer_lost(exc):
+                    raise
+                # The replica died or restarted under the request: whether it ran is unknown. Re-read
+                # the session (a replica that lost it answers 404 and it is rebuilt; one that ran the
+                # request shows it, and the diff against the view takes it back).
+                lost_answer = exc
+                th.stale()
+        if lost_answer is not None:
+            raise lost_answer
         raise LeylineError(
             f"could not bring session {th.session_id} in step after {self.max_attempts} attempts")
 
@@ -255,6 +275,14 @@ class SyncFlow:
         except VersionConflict:
             self.th.stale()
             raise _Retry from None
+
+
+def answer_lost(exc: LeylineError) -> bool:
+    """A request whose answer never came: a router's 502 (its replica refused or dropped it), or the
+    connection dropped after the request went out. Not a timeout: that request may still be running."""
+    if isinstance(exc, APIStatusError):
+        return exc.status_code == 502
+    return isinstance(exc, APIConnectionError) and not isinstance(exc, APITimeoutError)
 
 
 def with_tools(view: list[Message], shadow: list[Message] | None) -> list[Message]:

@@ -11,7 +11,12 @@ A warm session never receives its whole history again.
 It heals itself: a session that is gone (runtime restarted, evicted, deleted)
 is rebuilt from the full view; a version conflict (someone else changed the
 session) re-reads the session's messages and diffs again; a batch the runtime
-refuses as invalid rebuilds the session.
+refuses as invalid rebuilds the session; an answer lost on the way (a router's
+502, a dropped connection: the replica died under the request) re-reads the
+session too, so what the request did or did not do is diffed against the view.
+Behind a session-affinity router (docs/vllm.md, Replicas) a replica that does
+not hold the session answers 404 and it is rebuilt there, named
+(``CallStats.rebuild_reasons``).
 
 Pure pydantic + httpx like the rest of the SDK; it imports no adapter. The
 LangChain / LangGraph adapter builds itself from a memory

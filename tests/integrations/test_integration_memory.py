@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 
+import httpx
+from fastapi.testclient import TestClient
+
 from integration_support import (  # app, client: fixtures
     app,
     assert_same,
@@ -13,7 +16,7 @@ from integration_support import (  # app, client: fixtures
     sync_client,
 )
 
-from leyline_sdk import FunctionCall, LeylineMemory, Message, ToolCall, force_mode
+from leyline_sdk import FunctionCall, LeylineClient, LeylineMemory, Message, ToolCall, force_mode
 
 GEN = {"max_tokens": 3, "temperature": 0.0}
 
@@ -159,3 +162,35 @@ def test_async_paths_fall_back_to_the_sync_client(client):
     directives, tail = asyncio.run(memory.async_sync("m5", [*memory.shadow("m5")[:2], *memory.shadow("m5")[4:]]))
     assert len(directives) == 1 and tail == []
     assert_same(session_messages(client, memory, "m5"), memory.shadow("m5"))
+
+
+class LostAnswers(httpx.BaseTransport):
+    """A router in front of the runtime that loses the answers of the paths in ``lose`` once each
+    (502 Bad Gateway, nginx's answer when its replica dies under a request): the runtime ran them."""
+
+    def __init__(self, http: TestClient, lose: set[str]):
+        self.http, self.lose, self.lost = http, set(lose), []
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        forwarded = self.http.send(self.http.build_request(
+            request.method, str(request.url), content=request.read(), headers=request.headers))
+        kind = request.url.path.rsplit("/", 1)[-1]
+        if kind in self.lose:
+            self.lose.discard(kind)
+            self.lost.append(kind)
+            return httpx.Response(502, text="<html><center>502 Bad Gateway</center></html>")
+        return httpx.Response(forwarded.status_code, headers=forwarded.headers, content=forwarded.content)
+
+
+def test_an_answer_lost_at_the_router_is_resynced_not_raised(app):
+    """The runtime created the session and generated, but both answers were lost: the memory re-reads
+    the session, takes back the reply the caller never saw, and generates again; no error."""
+    with TestClient(app) as http:
+        gateway = LostAnswers(http, {"sessions", "generate"})
+        client = LeylineClient("http://testserver", transport=gateway)
+        memory = LeylineMemory(client)
+        reply = memory.generate("gw", agent_view(5), message_id="r1", **GEN)
+        assert gateway.lost == ["sessions", "generate"] and reply.message.role == "assistant"
+        call = memory.last_call("gw")
+        assert call.resyncs >= 1 and call.directives == 1  # the unseen reply deleted, then generated anew
+        assert_same(session_messages(client, memory, "gw"), memory.shadow("gw"))
