@@ -60,6 +60,7 @@ from .request_params import request_params
 from .template import ChatRenderer
 
 ONE_TOKEN = {"max_tokens": 1, "temperature": 0.0}
+REBUILT_VERSION_RANGE = 2**31  # where a rebuilt session's versions start (see create)
 
 
 @dataclass
@@ -136,6 +137,9 @@ class LeylineService:
         self.stats.created += 1
         if rebuild_reason is not None:
             self.stats.rebuilt(rebuild_reason)
+            # Another replica may still hold an older copy (a failover, a re-hash): this copy's versions
+            # start at a random point, so no expected_version meant for one can match the other.
+            session.version = secrets.randbelow(REBUILT_VERSION_RANGE)
         async with session.lock:
             try:
                 if body.messages:

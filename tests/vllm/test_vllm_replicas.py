@@ -216,27 +216,34 @@ def _check_rebuilt_on_b(run: Run, b: VllmServer, on_b: list[str]) -> None:
     assert metric(b.base_url, "leyline_sessions_live") == len(on_b)
 
 
-CHAT_SESSIONS = [f"chat-{i}" for i in range(6)]
+MAX_CHAT_SESSIONS = 24
 
 
 class BoundChats:
-    """Bound chats (the OpenAI route; the SDK adds the header) on CHAT_SESSIONS, each carrying its full
-    history: built new, then failed over to A while B is down, then home again on the restarted B."""
+    """Bound chats (the OpenAI route; the SDK adds the header), each carrying its full history: built new,
+    then failed over to A while B is down, then home again on the restarted B. Sessions are added until
+    both replicas hold some (the ring's split depends on the replicas' ports)."""
 
     def __init__(self, router: Router, replicas: list[VllmServer]):
         self.router, self.replicas = router, replicas
-        self.histories = {sid: [{"role": "user", "content": f"Note {sid}: the ferry leaves at nine."}]
-                          for sid in CHAT_SESSIONS}
-        reports = self._round(None)
-        assert all(r["built"] and not r["rebuilt"] for r in reports.values()), reports  # new: built, not rebuilt
+        self.histories: dict[str, list[dict]] = {}
         b_address = replicas[1].base_url.removeprefix("http://")
-        self.on_b = {s for s, u, _, _, _ in router.routes() if s in self.histories and u == b_address}
-        assert 0 < len(self.on_b) < len(CHAT_SESSIONS), self.on_b
+        self.on_b: set[str] = set()
+        for i in range(MAX_CHAT_SESSIONS):
+            sid = f"chat-{i}"
+            self.histories[sid] = [{"role": "user", "content": f"Note {sid}: the ferry leaves at nine."}]
+            report = self._round(None, [sid])[sid]
+            assert report["built"] and not report["rebuilt"], report  # new: built, not rebuilt
+            self.on_b |= {s for s, u, _, _, _ in router.routes() if s == sid and u == b_address}
+            if len(self.on_b) >= 2 and len(self.histories) - len(self.on_b) >= 1:
+                break
+        assert len(self.on_b) >= 2 and len(self.histories) > len(self.on_b), self.on_b
 
-    def _round(self, question: str | None) -> dict[str, dict]:
+    def _round(self, question: str | None, sessions: list[str] | None = None) -> dict[str, dict]:
         reports = {}
         with LeylineClient(self.router.base_url, timeout=600) as client:
-            for sid, history in self.histories.items():
+            for sid in sessions or list(self.histories):
+                history = self.histories[sid]
                 if question is not None:
                     history.append({"role": "user", "content": question})
                 reply = client.chat(history, session_id=sid, max_tokens=4, temperature=0)
@@ -256,9 +263,15 @@ class BoundChats:
         self._check(self._round("While the other server is away?"), on=self.replicas[0])
 
     def after_b_restarted(self) -> None:
-        """Home again: the restarted B builds them once more from the history they carry."""
-        self._check(self._round("And the last one?"), on=self.replicas[1])
-        print(f"bound chats of B rebuilt on A while B was down, then on B: {sorted(self.on_b)} of {len(CHAT_SESSIONS)}")
+        """Home again: the restarted B builds them once more from the history they carry. A's old copies
+        are at other versions (a rebuild's versions start at a random point): no expected_version meant
+        for B's copy can match A's."""
+        reports = self._round("And the last one?")
+        self._check(reports, on=self.replicas[1])
+        with LeylineClient(self.replicas[0].base_url) as on_a:
+            for sid in self.on_b:
+                assert on_a.get_session(sid).version != reports[sid]["version"], sid
+        print(f"bound chats of B rebuilt on A while B was down, then on B: {sorted(self.on_b)} of {len(self.histories)}")
 
 
 def _report_rebuild_cost(reference: Run, routed: Run, on_b: list[str]) -> None:
