@@ -87,15 +87,19 @@ def spread(values: list[float]) -> dict:
 
 def shared_prefix(tok, n_tokens: int) -> list[Message]:
     """The tools message and system prompt every session of the cell starts with, the system prompt
-    padded so that both together are ``n_tokens`` tokens (the bundled runtime's count)."""
+    lengthened by house rules until both together hold at least ``n_tokens`` tokens (the bundled
+    runtime's count; one rule more at most)."""
     from . import agent_text
-    from .exact import grow
 
     head = api_layout([agent_text.system()])
-    size = sum(len(tok.encode_message(m)) for m in head)
-    if size < n_tokens:
-        head[-1] = grow(tok, head[-1], n_tokens - size)
-    return head
+    fixed = sum(len(tok.encode_message(m)) for m in head[:-1])
+    rules, prompt = 0, head[-1]
+    while fixed + len(tok.encode_message(prompt)) < n_tokens:
+        rules += 1
+        prompt = head[-1].model_copy(update={"content": head[-1].content + "".join(
+            f"\nRule {i}: check every tool call's arguments against its schema before step {i} runs."
+            for i in range(1, rules + 1))})
+    return head[:-1] + [prompt]
 
 
 def session_tails(sessions: int) -> list[list[Message]]:
