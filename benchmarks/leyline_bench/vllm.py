@@ -118,7 +118,8 @@ def _served_cells(args, checkpoint: Path, workdir: Path, cells: list[str]) -> di
                          "vllm_prefix_cache": not _prefix_cache_disabled(server.log_text()),
                          "startup_s": server.startup_s}
         if "edits" in cells:
-            out["edits"] = [_edit_cell(client, server.base_url, tok, renderer, n, p, args.repeats)
+            warm = out["engine"]["vllm_prefix_cache"]  # without a prefix cache a warm-up would serve nothing
+            out["edits"] = [_edit_cell(client, server.base_url, tok, renderer, n, p, args.repeats, warm)
                             for n in args.tokens for p in POSITIONS]
         if "shared" in cells:
             out["shared"] = shared_prompt_cell(client, server.base_url, renderer, tok,
@@ -137,7 +138,8 @@ def _load_average() -> list[float]:
 
 # -- edits at 10/50/90% ---------------------------------------------------------------------------
 
-def _edit_cell(client, base_url, tok, renderer, n_tokens: int, position: float, repeats: int) -> dict:
+def _edit_cell(client, base_url, tok, renderer, n_tokens: int, position: float, repeats: int,
+               warm: bool = True) -> dict:
     from .histories import history_of_length, make_edit
 
     history = api_layout(history_of_length(tok, n_tokens))
@@ -148,7 +150,7 @@ def _edit_cell(client, base_url, tok, renderer, n_tokens: int, position: float, 
         # enables it) cannot serve a resend the edited prompt of an earlier repeat
         edited = apply_directives(history, [_numbered(edit.directive, r)])
         for arm in _rotated(list(arms), r):  # the arms take turns, order rotated per repeat
-            arms[arm].append(_measure(client, base_url, renderer, arm, history, edited))
+            arms[arm].append(_measure(client, base_url, renderer, arm, history, edited, warm))
     cell = {"position": position, "history_tokens": n_tokens, "edit_start_token": edit.start_token,
             "span_tokens": edit.span_tokens}
     for arm, samples in arms.items():
@@ -168,12 +170,13 @@ def _numbered(directive: Directive, repeat: int) -> Directive:
 
 
 def _measure(client: LeylineClient, base_url: str, renderer, arm: str, history: list[Message],
-             edited: list[Message]) -> dict:
+             edited: list[Message], warm: bool = True) -> dict:
     body = {"model": MODEL, "messages": [m.model_dump(exclude_none=True) for m in edited],
             "max_tokens": 1, "temperature": 0}
     if arm == "vllm_resend":
         salt = f"resend-{time.monotonic_ns()}"  # only its own warm-up can serve it, never another cell's rows
-        complete(base_url, renderer.ids(history, generation_prompt=True), salt)  # warm its prefix cache
+        if warm:
+            complete(base_url, renderer.ids(history, generation_prompt=True), salt)  # warm its prefix cache
         ids = renderer.ids(edited, generation_prompt=True)
         started = time.perf_counter()
         usage = complete(base_url, ids, salt)["usage"]

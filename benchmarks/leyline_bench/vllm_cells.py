@@ -168,7 +168,7 @@ def throughput(base_url: str, streams: int, tokens: int, rounds: int, tag: str) 
     return {"tokens_per_s": generated / wall, "generated": generated, "wall_s": wall}
 
 
-def tax_cell(model: Path, workdir: Path, *, repeats: int, tokens: int = 64, rounds: int = 3,
+def tax_cell(model: Path, workdir: Path, *, repeats: int, tokens: int = 64, rounds: int = 4,
              streams: tuple[int, ...] = TAX_STREAMS) -> dict:
     from .vllm_server import VllmServer
 
