@@ -19,6 +19,11 @@ from pathlib import Path
 import httpx
 
 SERVED_MODEL_NAME = "leyline-tiny"  # what the tests and benches ask for, whichever checkpoint is served
+# vLLM's CPU build reserves one more core per rank (for NIXL) whenever any KV connector is configured;
+# on a small CPU that leaves none for the scheduler and API processes, and the worker's OMP threads then
+# contend with them (measured: -72% tokens/s at one stream on 2 cores). Leyline's connector copies
+# rows in the worker's own step and needs no core: reserve what plain vLLM reserves (one per rank).
+CPU_RESERVED_ENV = "VLLM_CPU_NUM_OF_RESERVED_CPU"
 CONNECTOR_CONFIG = {"kv_connector": "LeylineConnector", "kv_role": "kv_both",
                     "kv_load_failure_policy": "recompute"}
 
@@ -85,6 +90,8 @@ class VllmServer:
                     "VLLM_CACHE_ROOT": str(self.workdir / "vllm-cache"),
                     "TORCHINDUCTOR_CACHE_DIR": str(self.workdir / "inductor-cache"),
                     "VLLM_CPU_KVCACHE_SPACE": "1", **(env or {})}
+        if plugin and vllm_on_cpu():
+            self.env.setdefault(CPU_RESERVED_ENV, "1")  # tensor parallel 1: plain vLLM's reservation
         self.startup_timeout = startup_timeout
         self.log_path = self.workdir / "vllm-serve.log"
         self.proc: subprocess.Popen | None = None
