@@ -110,6 +110,13 @@ class VllmServer:
         started = time.perf_counter()
         self.proc = subprocess.Popen(self.cmd, env=self.env, stdout=log, stderr=subprocess.STDOUT,
                                      start_new_session=True)
+        try:
+            self._wait_healthy(started)
+        except BaseException:  # a failed or interrupted start leaves no server behind (no __exit__ runs)
+            self.stop()
+            raise
+
+    def _wait_healthy(self, started: float) -> None:
         deadline = started + self.startup_timeout
         while time.perf_counter() < deadline:
             if self.proc.poll() is not None:
@@ -121,7 +128,6 @@ class VllmServer:
             except httpx.HTTPError:
                 pass
             time.sleep(1.0)
-        self.stop()
         raise TimeoutError(f"vllm serve did not become healthy in {self.startup_timeout:.0f} s:\n{self.log_tail()}")
 
     def stop(self) -> None:

@@ -2,11 +2,13 @@
 the tax cell's A/B order, the shared-prompt cell's prompts."""
 
 import argparse
+import json
 import statistics
+import sys
 
 import pytest
 
-from leyline_bench import cli, vllm
+from leyline_bench import cli, vllm, vllm_server
 from leyline_bench.vllm_cells import (
     CELLS,
     parse_cells,
@@ -16,6 +18,7 @@ from leyline_bench.vllm_cells import (
     tax_schedule,
 )
 from leyline_bench.vllm_model import FAMILIES, SHAPES, parameter_count, runtime_tokenizer_file, shape_config
+from leyline_bench.vllm_server import CONNECTOR_CONFIG, VllmServer
 from leyline_runtime.text.tokenizer import ChatTokenizer
 
 
@@ -113,3 +116,28 @@ def test_shared_prefix_has_the_asked_length_and_every_session_its_own_task():
     assert len({t[0].content for t in tails}) == 8
     sizes = [len(tok.encode_message(t[0])) for t in tails]
     assert statistics.median(sizes) < 1536 / 4  # the common prefix is most of every prompt
+
+
+def test_the_plain_arm_loads_no_plugin_and_the_plugin_arm_all_of_it(tmp_path):
+    plain = VllmServer(tmp_path / "ckpt", tmp_path / "plain", plugin=False)
+    assert plain.env["VLLM_PLUGINS"] == ""  # matches no plugin (unset would load every general plugin)
+    assert "--kv-transfer-config" not in plain.cmd and "--worker-extension-cls" not in plain.cmd
+    leyline = VllmServer(tmp_path / "ckpt", tmp_path / "leyline")
+    assert leyline.env["VLLM_PLUGINS"] == "leyline"
+    assert "--kv-transfer-config" in leyline.cmd and "--worker-extension-cls" in leyline.cmd
+    assert [a for a in leyline.cmd if a not in plain.cmd and not a.isdigit()] == [
+        "--kv-transfer-config", json.dumps(CONNECTOR_CONFIG), "--worker-extension-cls",
+        "leyline_vllm.worker.LeylineWorkerExtension"]
+
+
+def test_an_interrupted_start_leaves_no_server_behind(tmp_path, monkeypatch):
+    server = VllmServer(tmp_path / "ckpt", tmp_path / "serve")
+    server.cmd = [sys.executable, "-c", "import time; time.sleep(120)"]  # never healthy
+
+    def interrupt(_seconds):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(vllm_server.time, "sleep", interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        server.start()
+    assert server.proc.poll() is not None
