@@ -273,7 +273,7 @@ def _markdown(result: dict) -> str:
                   f"{'on' if e['vllm_prefix_cache'] else 'off (vLLM disables it for MLA on CPUs without AMX)'}. "
                   f"Server start {e['startup_s']:.0f} s.", ""]
     if "edits" in result:
-        lines += _edits_markdown(result["edits"])
+        lines += _edits_markdown(result["edits"], e["vllm_prefix_cache"])
     if "shared" in result:
         lines += shared_markdown(result["shared"])
     if "replay" in result:
@@ -287,7 +287,7 @@ def _loads(loads: list[float]) -> str:
     return " ".join(f"{x:.1f}" for x in loads)
 
 
-def _edits_markdown(edits: list[dict]) -> list[str]:
+def _edits_markdown(edits: list[dict], prefix_cache: bool) -> list[str]:
     rows = []
     for c in edits:
         for arm in ("amortize", "forget", "vllm_resend"):
@@ -298,7 +298,8 @@ def _edits_markdown(edits: list[dict]) -> list[str]:
             md_table(["edit at", "history", "arm", "TTFT ms (median)", "computed tokens", "prompt tokens",
                       "speed-up vs resend"], rows), "",
             "The resend is warmed with the unedited prompt under a salt of its own, so vLLM's prefix cache "
-            "(where on) serves it the prefix before the edit and nothing else.", ""]
+            "serves it the prefix before the edit and nothing else." if prefix_cache else
+            "vLLM's prefix cache is off here: the resend computes every prompt token (no warm-up is sent).", ""]
 
 
 def _replay_markdown(r: dict, prefix_cache: bool) -> list[str]:
