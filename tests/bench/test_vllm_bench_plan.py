@@ -134,10 +134,10 @@ def test_an_interrupted_start_leaves_no_server_behind(tmp_path, monkeypatch):
     server = VllmServer(tmp_path / "ckpt", tmp_path / "serve")
     server.cmd = [sys.executable, "-c", "import time; time.sleep(120)"]  # never healthy
 
-    def interrupt(_seconds):
+    def interrupt(*_args, **_kwargs):  # Ctrl-C while waiting for /health
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(vllm_server.time, "sleep", interrupt)
+    monkeypatch.setattr(vllm_server.httpx, "get", interrupt)
     with pytest.raises(KeyboardInterrupt):
         server.start()
     assert server.proc.poll() is not None
