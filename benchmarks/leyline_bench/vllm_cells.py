@@ -208,9 +208,9 @@ def shared_markdown(cell: dict) -> list[str]:
     return [f"## {cell['sessions']} sessions sharing a {cell['prefix_tokens']}-token system prompt + tools", "",
             md_table(["arm", "prompt tokens (all sessions)", "computed tokens", "TTFT ms (median)"], rows), "",
             f"Leyline computed {cell['leyline_over_vllm_computed']:.2f}x the prompt tokens plain vLLM did "
-            "(target: within 5%). Each Leyline session has its own cache salt, so no session reuses "
-            "another's rows of the common prefix; plain vLLM (one salt for the cell) computes it once where "
-            "its prefix cache is on.", ""]
+            "(target: within 5%). Leyline's session requests carry no cache salt while their rows are exact "
+            "(only requests that load rotated rows are salted), so the sessions share the common prefix "
+            "through vLLM's own prefix cache, as plain vLLM's requests do, where that cache is on.", ""]
 
 
 def tax_markdown(cell: dict) -> list[str]:
