@@ -69,15 +69,21 @@ def family(request, tmp_path_factory):
         yield name, server
 
 
+def chat_ids(server, messages, *, generation_prompt: bool) -> list[int]:
+    """The history's token ids as the checkpoint's chat template renders them (transformers)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(server.model)
+    return list(tokenizer.apply_chat_template([m.model_dump(exclude_none=True) for m in messages],
+                                              add_generation_prompt=generation_prompt, tokenize=True,
+                                              return_dict=False))
+
+
 def fresh_reference(family, messages) -> list[dict]:
     """vLLM's own ``/v1/completions`` (no session, no plugin code) on the history's token ids, rendered by
     the checkpoint's chat template with transformers (vLLM's chat route renders gpt-oss with Harmony
     instead, so the ids would differ)."""
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(family[1].model)
-    ids = tokenizer.apply_chat_template([m.model_dump(exclude_none=True) for m in messages],
-                                        add_generation_prompt=True, tokenize=True, return_dict=False)
+    ids = chat_ids(family[1], messages, generation_prompt=True)
     body = {"model": SERVED_MODEL_NAME, "prompt": list(ids), "max_tokens": EXPECTED[family[0]].compared_tokens,
             "temperature": 0,
             "logprobs": 5}
@@ -212,12 +218,7 @@ def test_exact_prefix_is_shared_spliced_rows_stay_private(family, client):
                                                      mode="amortize")]).outcomes
     assert outcome.applied_mode == "amortize" and outcome.rotated_tokens > 0
     first_moved = outcome.token_end + outcome.delta  # rows from here on were rotated (approximate)
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(server.model)
-    edited_history = edited(with_system(history()), 3, REPLACEMENT)
-    ids = tokenizer.apply_chat_template([m.model_dump(exclude_none=True) for m in edited_history],
-                                        tokenize=True, return_dict=False)
+    ids = chat_ids(server, edited(with_system(history()), 3, REPLACEMENT), generation_prompt=False)
     body = {"model": SERVED_MODEL_NAME, "prompt": list(ids), "max_tokens": 1, "temperature": 0}
     plain = httpx.post(f"{server.base_url}/v1/completions", json=body, timeout=600).json()
     cached = plain["usage"]["prompt_tokens_details"]["cached_tokens"]
