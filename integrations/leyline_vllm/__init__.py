@@ -4,8 +4,9 @@ Two vLLM plugins ship here:
 
 * ``register`` (entry point ``vllm.general_plugins: leyline``) registers
   :class:`~leyline_vllm.connector.LeylineConnector`, the KV connector that
-  copies ``c_kv`` and rotates ``k_pe`` of saved session rows into the blocks
-  vLLM allocates for an edited prompt;
+  holds a session's blocks in vLLM's paged cache between its turns and copies
+  its rows, rope part rotated, into the blocks vLLM allocates for an edited
+  prompt;
 * ``LeylineEndpoints`` (entry point ``vllm.endpoint_plugins: leyline``) gives
   ``vllm serve`` Leyline's REST surface for sessions and directives, so the
   unchanged ``leyline_sdk`` clients work against it.

@@ -24,9 +24,8 @@ class EngineResult:
         """Prompt tokens vLLM computed for this request."""
         if not self.planned:  # only vLLM's own prefix cache could supply rows
             return self.prompt_len - self.num_cached_tokens
-        reused = self.report.local_hit + self.report.loaded if self.report.fallback is None \
-            else self.report.local_hit
-        return self.prompt_len - reused
+        # after a failed load the connector reports loaded=0; after a released hold, the part it did load
+        return self.prompt_len - (self.report.local_hit + self.report.loaded)
 
 
 async def run_prompt(engine_client, prompt_ids: list[int], sampling: dict, kv_params: dict,

@@ -3,8 +3,12 @@
 Behind a session-affinity router (docs/vllm.md, Replicas) every replica holds only the sessions
 routed to it, so these are per replica: the sessions it holds, the ones it created and rebuilt
 (by reason), the requests naming a session it does not hold (404: first contact after a re-hash,
-a restart), the directives it executed and the prompt tokens behind them. Read at scrape time from
-the service; one API-server process (vLLM's multi-process metrics registry is not fed).
+a restart), the directives it executed and the prompt tokens behind them, and where the sessions'
+rows live: blocks held in vLLM's paged cache (and their bytes), the host tier's bytes, holds released
+by reason, loads that fell back to computing rows by reason. The residency gauges are as the
+replica's last Leyline request finished (the scheduler, which owns them, reports on each request).
+Read at scrape time from the service; one API-server process (vLLM's multi-process metrics registry
+is not fed).
 """
 
 from __future__ import annotations
@@ -15,9 +19,13 @@ from dataclasses import dataclass, field
 
 from leyline_sdk.protocol import SessionCounters
 
+from .holds import RELEASE_REASONS
+
 # The reasons a rebuild may be counted under (the SDK's X-Leyline-Rebuild values and the bound chat's
 # own); anything else a client sends is counted as "other", so a client cannot grow the label set.
 REBUILD_REASONS = frozenset({"session_not_found", "invalid_directive", "too_many_edits", "unknown_session"})
+# A load's fallback reasons, by the kind before their ':' (the rest names the key or the error).
+FALLBACK_KINDS = frozenset({"hold_released", "kv_load_failed"})
 
 
 @dataclass
@@ -27,6 +35,16 @@ class ReplicaStats:
     not_found: int = 0
     directives: int = 0
     retired: SessionCounters = field(default_factory=SessionCounters)  # token counters of deleted sessions
+    residency: dict = field(default_factory=dict)  # the connector's last report (request_params.LoadReport)
+    fallbacks: Counter[str] = field(default_factory=Counter)
+
+    def observe(self, report) -> None:
+        """One finished Leyline request's connector report."""
+        if report.residency is not None:
+            self.residency = report.residency
+        if report.fallback:
+            kind = report.fallback.split(":", 1)[0]
+            self.fallbacks[kind if kind in FALLBACK_KINDS else "other"] += 1
 
     def rebuilt(self, reason: str) -> None:
         self.rebuilds[reason if reason in REBUILD_REASONS else "other"] += 1
@@ -63,6 +81,24 @@ class LeylineCollector:
             total = getattr(stats.retired, name) + sum(getattr(s.counters, name) for s in sessions)
             yield CounterMetricFamily(f"leyline_prompt_tokens_{kind}", f"Prompt tokens {kind} by Leyline's sessions",
                                       value=total)
+        residency = stats.residency
+        yield GaugeMetricFamily("leyline_held_blocks", "KV blocks of vLLM's paged cache held for sessions between "
+                                "their turns", value=residency.get("held_blocks", 0))
+        yield GaugeMetricFamily("leyline_held_bytes", "Bytes of those held blocks",
+                                value=residency.get("held_bytes", 0))
+        yield GaugeMetricFamily("leyline_host_tier_bytes", "Host memory holding copies of released holds",
+                                value=residency.get("host_tier_bytes", 0))
+        yield CounterMetricFamily("leyline_host_tier_loads", "Row copies served from the host tier (released holds "
+                                  "not recomputed)", value=residency.get("host_tier_loads", 0))
+        releases = CounterMetricFamily("leyline_hold_releases", "Holds released, by reason", labels=["reason"])
+        for reason, n in sorted({**dict.fromkeys(RELEASE_REASONS, 0), **residency.get("releases", {})}.items()):
+            releases.add_metric([reason], n)
+        yield releases
+        fallbacks = CounterMetricFamily("leyline_load_fallbacks", "Loads that fell back to computing rows, by reason",
+                                        labels=["reason"])
+        for reason in sorted(FALLBACK_KINDS | set(stats.fallbacks)):
+            fallbacks.add_metric([reason], stats.fallbacks[reason])
+        yield fallbacks
 
 
 def register_collector(service) -> None:

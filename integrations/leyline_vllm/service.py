@@ -1,12 +1,12 @@
 """Leyline sessions on vLLM: message histories, versions, and the rows behind them.
 
-A session is a message history; its token ids come from the model's chat
-template (:class:`ChatRenderer`). Its KV rows live in the worker's store as
-one *snapshot* (the rows of the last prompt vLLM saw for it). Every step that
-changes the history runs one prompt through vLLM with a row plan
-(:func:`leyline_vllm.plan.plan_turn`): the unchanged prefix is loaded, for
-``amortize`` the longest run after the edit is loaded with ``k_pe`` rotated
-(its replacement is prefilled first), everything else is computed by vLLM.
+A session is a message history; its token ids come from the model's chat template
+(:class:`ChatRenderer`). Its KV rows are one *snapshot*: the blocks of the last prompt vLLM ran for
+it, held in vLLM's paged cache between turns (:mod:`leyline_vllm.holds`; each request releases the
+snapshot it supersedes). Every step that changes the history runs one prompt through vLLM with a row
+plan (:func:`leyline_vllm.plan.plan_turn`): the unchanged prefix is loaded, for ``amortize`` the
+longest run after the edit is loaded with its rope part rotated (its replacement is prefilled first),
+everything else is computed by vLLM.
 Exact rows are shared, approximate rows private (the rule of vLLM RFC #44223):
 a request whose prompt carries approximate rows (rotated rows, and everything
 computed after them: :attr:`Snapshot.exact`) runs with the session's own
@@ -124,6 +124,8 @@ class LeylineService:
         self.model_name = model_name
         self.sessions: dict[str, VllmSession] = {}
         self.stats = ReplicaStats()  # served on /metrics (leyline_vllm.metrics)
+        # released with the next request: requests are the way to the scheduler, which holds the blocks
+        self._pending_release: list[str] = []
 
     # -- sessions ---------------------------------------------------------------------------
 
@@ -171,7 +173,7 @@ class LeylineService:
             if self.sessions.pop(sid, None) is not None:
                 self.stats.retire(session.counters)
             if session.snapshot:
-                await self._drop([session.snapshot.key])
+                self._release_later([session.snapshot.key])
 
     async def append(self, sid: str, messages: list[Message], expected_version: int | None) -> AppendResult:
         session = self.get(sid)
@@ -234,7 +236,7 @@ class LeylineService:
     async def _reset(self, session: VllmSession) -> None:
         """Empty the session (its saved rows dropped); the caller holds its lock."""
         if session.snapshot:
-            await self._drop([session.snapshot.key])
+            self._release_later([session.snapshot.key])
         session.snapshot, session.messages = None, []
         session.version += 1
 
@@ -345,7 +347,9 @@ class LeylineService:
             load.append(plan.rotated)
         key = session.new_key()
         approximate = rotating or (bool(load) and not prefix_exact)
-        results.append(await self._run(session, ids, load, key, sampling or ONE_TOKEN, salted=approximate))
+        superseded = scratch + ([old.key] if old else [])  # released once this request is done with them
+        results.append(await self._run(session, ids, load, key, sampling or ONE_TOKEN, salted=approximate,
+                                       release=superseded))
         last = results[-1]
         if last.report.saved == key:  # the prompt's rows, and those of the tokens it generated
             exact = None  # all of them: nothing approximate was loaded, or a failed load was recomputed
@@ -354,28 +358,33 @@ class LeylineService:
             session.snapshot = Snapshot(key, (list(ids) + last.token_ids)[:last.report.saved_tokens], exact)
         else:
             session.snapshot = None
-        await self._drop(scratch + ([old.key] if old else []))
         return _account(plan, results)
 
     async def _sync_unspliced(self, session: VllmSession, ids: list[int], sampling: dict | None) -> Sync:
         """``ids`` through vLLM without a row plan (the model is not spliced): nothing rotates, so every
         row is exact and the request unsalted; vLLM's own prefix cache supplies what it holds."""
         result = await run_prompt(self.engine, ids, sampling or ONE_TOKEN, {}, None)
-        sync = Sync([result], TurnPlan(prefix=0, reason=f"unsupported_runtime: {self.refusal}"))
-        sync.computed = result.computed
-        sync.reused = result.prompt_len - result.computed
-        return sync
+        return Sync([result], TurnPlan(prefix=0, reason=f"unsupported_runtime: {self.refusal}"),
+                    reused=result.prompt_len - result.computed, computed=result.computed)
 
     async def _run(self, session: VllmSession, ids: list[int], load: list[RowCopy], save: str,
-                   sampling: dict, *, salted: bool) -> EngineResult:
+                   sampling: dict, *, salted: bool, release: list[str] = ()) -> EngineResult:
         """One request; ``salted`` where it loads approximate rows, so that the blocks vLLM's prefix cache
-        keeps of it (rotated rows and everything computed after them) answer only this session."""
-        params = request_params(session.session_id, load, save)
-        return await run_prompt(self.engine, ids, sampling, params, session.salt if salted else None)
+        keeps of it (rotated rows and everything computed after them) answer only this session. It
+        releases ``release`` (and whatever waits to be released) when it is done."""
+        pending, self._pending_release = self._pending_release, []
+        params = request_params(session.session_id, load, save, [*pending, *release])
+        try:
+            result = await run_prompt(self.engine, ids, sampling, params, session.salt if salted else None)
+        except BaseException:  # it may never have reached the scheduler (a scratch key: the TTL takes it)
+            self._release_later([*pending, save])
+            raise
+        self.stats.observe(result.report)
+        return result
 
-    async def _drop(self, keys: list[str]) -> None:
-        if keys:
-            await self.engine.collective_rpc("leyline_drop", args=(keys,))
+    def _release_later(self, keys: list[str]) -> None:
+        """Release ``keys`` with the next request (or by TTL or pressure if none comes)."""
+        self._pending_release.extend(keys)
 
     async def snapshot_rows(self, sid: str, layer: int) -> dict | None:
         """One layer of the session's saved rows (diagnostics): shape, dtype, float32 bytes, positions."""
@@ -383,8 +392,7 @@ class LeylineService:
         async with session.lock:
             if session.snapshot is None:
                 return None
-            rows = (await self.engine.collective_rpc("leyline_rows", args=(session.snapshot.key, layer)))[0]
-            return rows
+            return (await self.engine.collective_rpc("leyline_rows", args=(session.snapshot.key, layer)))[0]
 
     def _ids(self, messages: list[Message], generation_prompt: bool = False) -> list[int]:
         return self._encode(messages, generation_prompt)[0]

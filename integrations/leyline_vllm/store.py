@@ -1,10 +1,14 @@
-"""The worker's copies of session KV rows (host memory, LRU under a byte budget).
+"""The host tier: copies of released holds' rows (host memory, LRU under a byte budget).
 
-vLLM's paged cache forgets a request's blocks once it finishes (and on CPUs
-without AMX it has no prefix cache at all), so, like LMCache, the connector
-keeps its own copy of each session's latest prompt rows: one ``[tokens, width]``
-tensor per attention layer, in the cache's own dtype (a token's rows as
-:mod:`leyline_vllm.layout` defines them: MLA's ``c_kv | k_pe``, or ``K | V`` per KV head).
+A session's rows live in vLLM's paged cache while its hold lasts
+(:mod:`leyline_vllm.holds`). When a hold is released for its TTL, the pool's
+pressure or the hold budget, and this tier has a budget
+(``LEYLINE_VLLM_HOST_TIER_GIB`` > 0), the worker first copies the rows here, so
+the session's next turn still loads them instead of recomputing. One
+``[tokens, width]`` tensor per attention layer, in the cache's own dtype (a
+token's rows as :mod:`leyline_vllm.layout` defines them: MLA's ``c_kv | k_pe``,
+or ``K | V`` per KV head). With a budget of 0 (the default) nothing is ever
+copied and the tier holds 0 bytes.
 """
 
 from __future__ import annotations
@@ -29,6 +33,11 @@ class RowStore:
     def __init__(self, budget_bytes: int):
         self.budget_bytes = budget_bytes
         self._entries: OrderedDict[str, Rows] = OrderedDict()
+        self._evicted: list[str] = []
+
+    @property
+    def nbytes(self) -> int:
+        return sum(r.nbytes for r in self._entries.values())
 
     def get(self, key: str) -> Rows | None:
         rows = self._entries.get(key)
@@ -48,8 +57,14 @@ class RowStore:
     def drop(self, keys) -> int:
         return sum(self._entries.pop(k, None) is not None for k in keys)
 
+    def take_evicted(self) -> list[str]:
+        """Keys evicted for the budget since the last call."""
+        evicted, self._evicted = self._evicted, []
+        return evicted
+
     def _evict(self) -> None:
-        total = sum(r.nbytes for r in self._entries.values())
+        total = self.nbytes
         while total > self.budget_bytes and len(self._entries) > 1:
-            _, rows = self._entries.popitem(last=False)  # least recently used
+            key, rows = self._entries.popitem(last=False)  # least recently used
             total -= rows.nbytes
+            self._evicted.append(key)

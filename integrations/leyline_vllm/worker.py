@@ -23,19 +23,15 @@ def _connector():
 
 
 class LeylineWorkerExtension:
-    def leyline_drop(self, keys: list[str]) -> int:
-        """Forget saved rows (a deleted session, a superseded snapshot)."""
-        return _connector().store.drop(keys)
-
     def leyline_support(self) -> dict:
         """Whether this model's cache is spliced, with the layout or the reason it is not."""
         return _connector().support()
 
     def leyline_rows(self, key: str, layer: int) -> dict | None:
-        """One layer of a saved snapshot as float32 bytes (diagnostics and tests)."""
-        entry = _connector().store.get(key)
-        if entry is None:
+        """One layer of a snapshot (from its held blocks, else the host tier) as float32 bytes
+        (diagnostics and tests)."""
+        layers = _connector().snapshot_rows(key)
+        if layers is None:
             return None
-        rows = list(entry.layers.values())[layer][: entry.filled].to(torch.float32).contiguous()
-        return {"shape": list(rows.shape), "dtype": str(next(iter(entry.layers.values())).dtype),
-                "data": rows.numpy().tobytes()}
+        rows = layers[layer].to(torch.float32).cpu().contiguous()
+        return {"shape": list(rows.shape), "dtype": str(layers[layer].dtype), "data": rows.numpy().tobytes()}

@@ -4,7 +4,8 @@ Run with ``make test-vllm`` (it builds ``.venv-vllm``). The main suite does not
 collect this folder (``tests/conftest.py``). One server serves every test: its
 start costs minutes on a small CPU. Test hooks in its environment: the sessions
 in ``FAULT_SESSIONS`` get a fault injected into their loads after layer 0 is
-written; those in ``NO_ROTATE_SESSIONS`` get rows copied without rotation.
+written; those in ``NO_ROTATE_SESSIONS`` get rows copied without rotation; those in
+``SPILL_SESSIONS`` have each hold moved to the host tier (on, 0.25 GiB) as soon as it is made.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from leyline_bench.vllm_server import VllmServer  # noqa: E402
 
 FAULT_SESSIONS = ["fault-amortize", "fault-forget"]
 NO_ROTATE_SESSIONS = ["norotate-amortize"]
+SPILL_SESSIONS = ["spill-amortize"]  # their holds go to the host tier as soon as they are made
 
 
 # While iterating: reuse a server started with the same environment (and its checkpoint folder).
@@ -43,6 +45,7 @@ def server(checkpoint, tmp_path_factory):
         return
     env = {"LEYLINE_VLLM_TEST_FAULT_SESSIONS": ",".join(FAULT_SESSIONS),
            "LEYLINE_VLLM_TEST_NO_ROTATE_SESSIONS": ",".join(NO_ROTATE_SESSIONS),
+           "LEYLINE_VLLM_TEST_SPILL_SESSIONS": ",".join(SPILL_SESSIONS), "LEYLINE_VLLM_HOST_TIER_GIB": "0.25",
            "LEYLINE_VLLM_DEBUG_ROUTES": "1"}
     with VllmServer(checkpoint, tmp_path_factory.mktemp("vllm-serve"), env=env) as srv:
         print(f"\nvllm serve started in {srv.startup_s:.0f} s ({srv.dtype}) at {srv.base_url}")
