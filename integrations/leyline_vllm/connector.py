@@ -286,7 +286,7 @@ class LeylineConnector(KVConnectorBase_V1):
         if tracked.save_key and holds is not None and request.status.name in _HELD_ENDINGS \
                 and tokens >= tracked.prompt_len:
             blocks = self._kv_cache_manager.get_blocks(request.request_id).blocks[0]
-            holds.hold(tracked.save_key, tracked.session, list(blocks[: -(-tokens // self.block_size)]), tokens)
+            holds.hold(tracked.save_key, list(blocks[: -(-tokens // self.block_size)]), tokens)
             saved = tracked.save_key
             if tracked.session in _session_list(SPILL_ENV):
                 holds.release(saved, "test_spill", spill=True)
@@ -394,13 +394,10 @@ class LeylineConnector(KVConnectorBase_V1):
     def snapshot_rows(self, key: str) -> list[torch.Tensor] | None:
         """Every layer's rows of snapshot ``key`` (from its held blocks, else the host tier), or None."""
         held = self._held.get(key)
-        if held is not None:
-            slots = self._slots(held[0], 0, held[1])
-            return [rows.gather(slots) for rows in self._rows.values()]
-        entry = self._store.get(key)
-        if entry is None:
+        entry = self._store.get(key) if held is None else None
+        if held is None and entry is None:
             return None
-        return [t[: entry.filled] for t in entry.layers.values()]
+        return list(self._source(key, 0, held[1] if held is not None else entry.filled).values())
 
     def _slots(self, block_ids: list[int], start: int, end: int) -> torch.Tensor:
         pos = torch.arange(start, end)

@@ -42,7 +42,6 @@ _FORGOTTEN = 4096  # released keys remembered (for the fallback reason), oldest 
 @dataclass
 class Hold:
     key: str
-    session: str
     blocks: list[Any]  # vLLM KVCacheBlocks, one reference each held by this table
     tokens: int  # rows [0, tokens) are valid
     last_used: float
@@ -90,10 +89,10 @@ class HoldTable:
         """Blocks this table keeps from the pool (holds, and released ones still being copied out)."""
         return self._held_blocks
 
-    def hold(self, key: str, session: str, blocks: list[Any], tokens: int) -> None:
+    def hold(self, key: str, blocks: list[Any], tokens: int) -> None:
         self.release(key, "dropped")  # a key is written once; be safe against a repeat
         self.pool.touch(blocks)
-        self._holds[key] = Hold(key, session, list(blocks), tokens, self.clock())
+        self._holds[key] = Hold(key, list(blocks), tokens, self.clock())
         self._held_blocks += len(blocks)
         self._released.pop(key, None)
         self._enforce_budget()

@@ -34,10 +34,7 @@ class RowStore:
         self.budget_bytes = budget_bytes
         self._entries: OrderedDict[str, Rows] = OrderedDict()
         self._evicted: list[str] = []
-
-    @property
-    def nbytes(self) -> int:
-        return sum(r.nbytes for r in self._entries.values())
+        self.nbytes = 0  # kept as entries come and go: the worker reports it every engine step
 
     def get(self, key: str) -> Rows | None:
         rows = self._entries.get(key)
@@ -51,11 +48,14 @@ class RowStore:
         layers = {name: torch.empty(num_tokens, width, dtype=dtype, device="cpu") for name, dtype in dtypes.items()}
         rows = Rows(layers)
         self._entries[key] = rows
+        self.nbytes += rows.nbytes
         self._evict()
         return rows
 
     def drop(self, keys) -> int:
-        return sum(self._entries.pop(k, None) is not None for k in keys)
+        dropped = [rows for k in keys if (rows := self._entries.pop(k, None)) is not None]
+        self.nbytes -= sum(rows.nbytes for rows in dropped)
+        return len(dropped)
 
     def take_evicted(self) -> list[str]:
         """Keys evicted for the budget since the last call."""
@@ -63,8 +63,7 @@ class RowStore:
         return evicted
 
     def _evict(self) -> None:
-        total = self.nbytes
-        while total > self.budget_bytes and len(self._entries) > 1:
+        while self.nbytes > self.budget_bytes and len(self._entries) > 1:
             key, rows = self._entries.popitem(last=False)  # least recently used
-            total -= rows.nbytes
+            self.nbytes -= rows.nbytes
             self._evicted.append(key)

@@ -26,7 +26,7 @@ def finished_request(pool: BlockPool, table: HoldTable, key: str, n: int, block:
     """A request that ran on ``n`` fresh blocks and finished: the table holds them, then vLLM frees the
     request's own references (as the scheduler does after request_finished)."""
     blocks = pool.get_new_blocks(n)
-    table.hold(key, "s", blocks, n * block)
+    table.hold(key, blocks, n * block)
     pool.free_blocks(reversed(blocks))
     return blocks
 
