@@ -63,7 +63,7 @@ def add_parser(sub) -> None:
                    help="attention family of the random checkpoint (leyline_bench.vllm_model.FAMILIES)")
     p.add_argument("--shape", choices=list(SHAPES), default="tiny",
                    help="its size: tiny, or a real one for the family (v2-lite-attn: deepseek_v2; "
-                        "qwen3-0.6b: qwen3)")
+                        "qwen3-0.6b, qwen3-1.7b: qwen3)")
     p.add_argument("--cells", type=parse_cells, default=list(CELLS), help=f"comma list of {', '.join(CELLS)}")
     p.add_argument("--tokens", type=int, nargs="+", default=[2048], help="history length(s) for the edit cells")
     p.add_argument("--repeats", type=int, default=3, help="measurements per edit cell (median reported)")
@@ -113,7 +113,9 @@ def _served_cells(args, checkpoint: Path, workdir: Path, cells: list[str]) -> di
     tok = ChatTokenizer.from_file(runtime_tokenizer_file())
     renderer = ChatRenderer(AutoTokenizer.from_pretrained(checkpoint))  # the prompts the plugin builds
     out: dict = {}
-    with VllmServer(checkpoint, workdir / "serve") as server, LeylineClient(server.base_url, timeout=900) as client:
+    kv_space = {"VLLM_CPU_KVCACHE_SPACE": str(SHAPES[args.shape].kv_cache_gib)}
+    with VllmServer(checkpoint, workdir / "serve", env=kv_space) as server, \
+            LeylineClient(server.base_url, timeout=900) as client:
         out["engine"] = {"vllm_on_cpu": vllm_on_cpu(), "amx": has_amx(), "dtype": server.dtype,
                          "vllm_prefix_cache": not _prefix_cache_disabled(server.log_text()),
                          "startup_s": server.startup_s}

