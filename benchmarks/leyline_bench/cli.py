@@ -26,6 +26,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("serve", "HTTP load: concurrent edit + generate sessions"),
     "chaos": ("chaos", "mixed valid and invalid load from many clients on a served runtime"),
     "agent": ("agent", "LangGraph agents end to end: solve rate, tokens computed and wall time, with and without edits"),
+    "drift": ("drift_bench", "amortize / forget / auto drift on GQA and MLA models, transformers as the oracle"),
     "vllm": ("vllm", "directives inside vllm serve with Leyline's plugins (needs .venv-vllm)"),
 }
 
