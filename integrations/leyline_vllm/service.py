@@ -35,6 +35,7 @@ from leyline_sdk.errors import CapacityExceeded, InvalidDirective, SessionExists
 from leyline_sdk.tools_prompt import parse_assistant
 from leyline_sdk.protocol import (
     AppendResult,
+    AutoDecision,
     Directive,
     DirectiveBatch,
     DirectiveOutcome,
@@ -60,6 +61,10 @@ from .request_params import request_params
 from .template import ChatRenderer
 
 ONE_TOKEN = {"max_tokens": 1, "temperature": 0.0}
+# mode "auto" decides per edit from the layer-1 drift signal the bundled runtime reads from its own cache;
+# the plugin has no such read of vLLM's paged cache, so it takes the exact choice and says so
+AUTO_UNSUPPORTED = ("unsupported_runtime: mode auto needs the drift signal only the bundled runtime measures; "
+                    "applied as forget")
 REBUILT_VERSION_RANGE = 2**31  # where a rebuilt session's versions start (see create)
 
 
@@ -453,9 +458,12 @@ def _outcomes(edits: EditSpans, sync: Sync, recomputed: int) -> list[DirectiveOu
     """Per directive what was applied; the batch ran as one plan, so its row counts sit on the first."""
     outcomes = []
     for i, (d, start, end, new_len) in enumerate(edits.spans):
-        applied, reason = d.mode, None
+        applied, reason, auto = d.mode, None, None
         if sync.fallback:  # saved rows could not be loaded: vLLM recomputed them (a full prefill)
             applied, reason = "forget", sync.fallback
+        elif d.mode == "auto":  # the batch ran without rotation (EditSpans.rotate is False)
+            applied, reason = "forget", AUTO_UNSUPPORTED
+            auto = AutoDecision(choice="forget", reason="unsupported_runtime")
         elif d.mode == "amortize" and end < edits.old_len:  # something follows the span: it had to rotate
             if not edits.rotate:
                 applied, reason = "forget", "a forget in the same batch recomputes what follows it"
@@ -466,7 +474,7 @@ def _outcomes(edits: EditSpans, sync: Sync, recomputed: int) -> list[DirectiveOu
             requested_mode=d.mode, applied_mode=applied, fallback_reason=reason, token_start=start,
             token_end=end, delta=new_len - (end - start),
             reused_tokens=sync.reused if totals else 0, rotated_tokens=sync.rotated if totals else 0,
-            recomputed_tokens=recomputed if totals else 0))
+            recomputed_tokens=recomputed if totals else 0, auto=auto))
     return outcomes
 
 

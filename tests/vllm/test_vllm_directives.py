@@ -7,7 +7,6 @@ for layer-0 checks.
 
 from __future__ import annotations
 
-import base64
 import math
 import uuid
 
@@ -16,31 +15,10 @@ import numpy as np
 import pytest
 
 from leyline_sdk import LeylineClient
+from leyline_bench.vllm_checks import REPLACEMENT, edited, greedy, history, rows  # noqa: F401 (shared)
 from leyline_bench.vllm_server import SERVED_MODEL_NAME
 from leyline_sdk.protocol import Directive, Message, Span
 from vllm_support import NO_PREFIX_CACHE, NO_PREFIX_CACHE_REASON
-
-
-TOPICS = ["the harbour", "a wool market", "the night train", "an old lighthouse", "the river delta",
-          "a mountain pass", "the salt flats", "a paper mill", "the orchard", "a copper mine"]
-
-
-def history(n: int = 8) -> list[Message]:
-    out = [Message(role="system", content="You are a careful travel writer. Answer in plain prose.")]
-    for i in range(n - 1):
-        role = "user" if i % 2 == 0 else "assistant"
-        topic = TOPICS[i % len(TOPICS)]
-        out.append(Message(role=role, content=(
-            f"Note {i}: describe {topic} in the early morning, the people who work there, what they carry, "
-            f"the weather over {topic}, and one small thing a visitor would miss. Keep it to one paragraph.")))
-    return out
-
-
-def edited(messages: list[Message], index: int, replacement: list[Message]) -> list[Message]:
-    return messages[:index] + replacement + messages[index + 1:]
-
-
-REPLACEMENT = [Message(role="user", content="Note X: skip that one; tell me about bread instead, briefly.")]
 
 
 @pytest.fixture()
@@ -53,13 +31,6 @@ def sid(prefix: str = "s") -> str:
     return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
 
-def rows(base_url: str, session_id: str, layer: int) -> np.ndarray:
-    r = httpx.get(f"{base_url}/leyline/debug/sessions/{session_id}/rows", params={"layer": layer}, timeout=120)
-    r.raise_for_status()
-    body = r.json()
-    return np.frombuffer(base64.b64decode(body["data"]), dtype=np.float32).reshape(body["shape"])
-
-
 def fresh_reference(base_url: str, messages: list[Message], max_tokens: int = 6) -> dict:
     """vLLM's own chat endpoint (no session: the plugin only forwards) on the same history."""
     body = {"model": SERVED_MODEL_NAME, "messages": [m.model_dump(exclude_none=True) for m in messages],
@@ -67,10 +38,6 @@ def fresh_reference(base_url: str, messages: list[Message], max_tokens: int = 6)
     r = httpx.post(f"{base_url}/v1/chat/completions", json=body, timeout=600)
     r.raise_for_status()
     return r.json()["choices"][0]["logprobs"]["content"]
-
-
-def greedy(client: LeylineClient, session_id: str, max_tokens: int = 6):
-    return client.generate(session_id, max_tokens=max_tokens, temperature=0, logprobs=True, top_logprobs=5)
 
 
 def assert_same_generation(got, reference, tol: float) -> None:
@@ -106,6 +73,23 @@ def test_forget_equals_vllm_fresh_prefill(client, base_url, tol, block):
     got = greedy(client, s)
     assert_same_generation(got, fresh_reference(base_url, new), tol["logprob"])
     assert got.usage.cached_tokens >= result.num_tokens - result.num_tokens % block - block
+
+
+def test_auto_is_applied_as_forget_with_its_reason_named(client, base_url, tol):
+    """The plugin has no drift signal: ``auto`` takes the exact choice, says why, and equals a fresh prefill —
+    through the directive route and a session-bound chat."""
+    old, s = history(), sid("auto")
+    client.create_session(old, session_id=s)
+    (outcome,) = client.apply(s, [Directive(span=Span(start=3, end=4), replacement=REPLACEMENT, mode="auto")]).outcomes
+    assert (outcome.requested_mode, outcome.applied_mode, outcome.rotated_tokens) == ("auto", "forget", 0)
+    assert outcome.fallback_reason.startswith("unsupported_runtime: mode auto")
+    assert outcome.auto.choice == "forget" and outcome.auto.reason == "unsupported_runtime"
+    assert_same_generation(greedy(client, s), fresh_reference(base_url, edited(old, 3, REPLACEMENT)), tol["logprob"])
+    c = sid("autochat")
+    client.create_session(old, session_id=c)
+    asked = edited(old, 3, REPLACEMENT) + [Message(role="user", content="Now the bread, in one line.")]
+    (chat_outcome,) = _chat(base_url, c, asked, "auto")["leyline"]["outcomes"]
+    assert chat_outcome["applied_mode"] == "forget" and chat_outcome["fallback_reason"] == outcome.fallback_reason
 
 
 def _amortize(client, s: str, old: list[Message]):
