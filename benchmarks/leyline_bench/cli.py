@@ -28,6 +28,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "agent": ("agent", "LangGraph agents end to end: solve rate, tokens computed and wall time, with and without edits"),
     "drift": ("drift_bench", "amortize / forget / auto drift on GQA and MLA models, transformers as the oracle"),
     "vllm": ("vllm", "directives inside vllm serve with Leyline's plugins (needs .venv-vllm)"),
+    "portability": ("portability", "per RoPE family: the vLLM plugin's verdict, rotation error, forget vs fresh, "
+                                   "TTFT (needs .venv-vllm)"),
 }
 
 

@@ -54,7 +54,7 @@ POSITIONS = (0.1, 0.5, 0.9)
 DEFAULT_TRACES = Path(__file__).resolve().parents[2] / "benchmarks" / "traces.jsonl"
 DEFAULT_FAMILY = "deepseek_v2"
 
-__all__ = ["api_layout", "add_parser", "run"]
+__all__ = ["POSITIONS", "api_layout", "add_parser", "edit_cell", "prefix_cache_disabled", "run"]
 
 
 def add_parser(sub) -> None:
@@ -117,11 +117,11 @@ def _served_cells(args, checkpoint: Path, workdir: Path, cells: list[str]) -> di
     with VllmServer(checkpoint, workdir / "serve", env=kv_space) as server, \
             LeylineClient(server.base_url, timeout=900) as client:
         out["engine"] = {"vllm_on_cpu": vllm_on_cpu(), "amx": has_amx(), "dtype": server.dtype,
-                         "vllm_prefix_cache": not _prefix_cache_disabled(server.log_text()),
+                         "vllm_prefix_cache": not prefix_cache_disabled(server.log_text()),
                          "startup_s": server.startup_s}
         if "edits" in cells:
             warm = out["engine"]["vllm_prefix_cache"]  # without a prefix cache a warm-up would serve nothing
-            out["edits"] = [_edit_cell(client, server.base_url, tok, renderer, n, p, args.repeats, warm)
+            out["edits"] = [edit_cell(client, server.base_url, tok, renderer, n, p, args.repeats, warm)
                             for n in args.tokens for p in POSITIONS]
         if "shared" in cells:
             out["shared"] = shared_prompt_cell(client, server.base_url, renderer, tok,
@@ -140,8 +140,8 @@ def _load_average() -> list[float]:
 
 # -- edits at 10/50/90% ---------------------------------------------------------------------------
 
-def _edit_cell(client, base_url, tok, renderer, n_tokens: int, position: float, repeats: int,
-               warm: bool = True) -> dict:
+def edit_cell(client, base_url, tok, renderer, n_tokens: int, position: float, repeats: int,
+              warm: bool = True) -> dict:
     from .histories import history_of_length, make_edit
 
     history = api_layout(history_of_length(tok, n_tokens))
@@ -256,7 +256,7 @@ def _block_prefix(previous: list[int] | None, ids: list[int], block: int = 16) -
     return n - n % block
 
 
-def _prefix_cache_disabled(log: str) -> bool:
+def prefix_cache_disabled(log: str) -> bool:
     """vLLM logs this when its CPU MLA backend (no AMX) switches prefix caching off."""
     return "forcing chunked prefill and prefix caching to be disabled" in log
 

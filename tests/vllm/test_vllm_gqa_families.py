@@ -18,12 +18,21 @@ import httpx
 import numpy as np
 import pytest
 
+from leyline_bench.vllm_checks import (
+    amortize_once,
+    chat_ids,
+    fresh_completion,
+    layer0_errors,
+    moved_layer0,
+    splice_info,
+    split_rope,
+)
 from leyline_bench.vllm_model import make_tiny_checkpoint
 from leyline_bench.vllm_server import VllmServer
 from leyline_sdk import LeylineClient
 from leyline_sdk.protocol import Directive, Span
 from leyline_bench.vllm_server import SERVED_MODEL_NAME
-from test_vllm_directives import REPLACEMENT, assert_same_generation, edited, greedy, history, rows
+from test_vllm_directives import REPLACEMENT, assert_same_generation, edited, greedy, history
 
 NO_ROTATE, WRONG_PAIRING = "norotate-fam", "wrongpair-fam"
 
@@ -69,28 +78,12 @@ def family(request, tmp_path_factory):
         yield name, server
 
 
-def chat_ids(server, messages, *, generation_prompt: bool) -> list[int]:
-    """The history's token ids as the checkpoint's chat template renders them (transformers)."""
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(server.model)
-    return list(tokenizer.apply_chat_template([m.model_dump(exclude_none=True) for m in messages],
-                                              add_generation_prompt=generation_prompt, tokenize=True,
-                                              return_dict=False))
-
-
 def fresh_reference(family, messages) -> list[dict]:
     """vLLM's own ``/v1/completions`` (no session, no plugin code) on the history's token ids, rendered by
     the checkpoint's chat template with transformers (vLLM's chat route renders gpt-oss with Harmony
     instead, so the ids would differ)."""
-    ids = chat_ids(family[1], messages, generation_prompt=True)
-    body = {"model": SERVED_MODEL_NAME, "prompt": list(ids), "max_tokens": EXPECTED[family[0]].compared_tokens,
-            "temperature": 0,
-            "logprobs": 5}
-    r = httpx.post(f"{family[1].base_url}/v1/completions", json=body, timeout=600)
-    r.raise_for_status()
-    lp = r.json()["choices"][0]["logprobs"]
-    return [{"token": t, "logprob": v} for t, v in zip(lp["tokens"], lp["token_logprobs"])]
+    name, server = family
+    return fresh_completion(server.base_url, server.model, messages, EXPECTED[name].compared_tokens)
 
 
 @pytest.fixture()
@@ -100,7 +93,7 @@ def client(family):
 
 
 def splice(family) -> dict:
-    return httpx.get(f"{family[1].base_url}/healthz", timeout=30).json()["splice"]
+    return splice_info(family[1].base_url)
 
 
 def test_the_connector_names_its_verdict(family):
@@ -129,38 +122,23 @@ def test_forget_equals_vllms_fresh_prefill(family, client):
 
 def _split(family, table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Layer rows -> (the rotary dims of every K head, everything else: V and the non-rotary K dims)."""
-    sp = splice(family)
-    per_token = table.reshape(len(table), sp["rows_per_token"], sp["row_width"])
-    lo, hi = sp["rope_offset"], sp["rope_offset"] + sp["rotary_dim"]
-    rest = np.concatenate([per_token[..., :lo], per_token[..., hi:]], axis=-1)
-    return per_token[..., lo:hi], rest
+    return split_rope(splice(family), table)
 
 
 def _moved_layer0(family, client, session_id: str):
     """Amortize one edit in ``session_id``; the moved tokens' layer-0 rows and a fresh prefill's."""
-    old = history()
-    client.create_session(old, session_id=session_id)
-    (outcome,) = client.apply(session_id, [Directive(span=Span(start=3, end=4), replacement=REPLACEMENT,
-                                                     mode="amortize")]).outcomes
+    outcome = amortize_once(client, session_id)
     assert outcome.applied_mode == "amortize", outcome.fallback_reason
     assert outcome.rotated_tokens >= 64 and outcome.delta != 0
-    first = outcome.token_end + outcome.delta
-    moved = slice(first, first + outcome.rotated_tokens)
-    fresh = f"fresh-{session_id}"
-    client.create_session(edited(old, 3, REPLACEMENT), session_id=fresh)
-    base = family[1].base_url
-    return rows(base, session_id, 0)[moved], rows(base, fresh, 0)[moved]
+    return moved_layer0(client, family[1].base_url, session_id, outcome)
 
 
 def test_amortize_layer0_rows_equal_a_fresh_prefill(family, client):
     name, server = family
     if EXPECTED[name].refused:
         pytest.skip(f"{name} is refused: nothing is rotated (see test_refused_family_applies_forget_with_reason)")
-    got, want = (_split(family, t) for t in _moved_layer0(family, client, f"amortize-{name}"))
+    rotary_err, rest_err = layer0_errors(splice(family), *_moved_layer0(family, client, f"amortize-{name}"))
     bf16 = server.dtype == "bfloat16"
-    scale = np.abs(want[0]).max()
-    rotary_err = np.abs(got[0] - want[0]).max() / scale
-    rest_err = np.abs(got[1] - want[1]).max() / np.abs(want[1]).max()
     print(f"\n{name}: layer-0 rotary dims max error {rotary_err:.2e} (of the largest), other dims {rest_err:.2e}")
     assert rotary_err <= (2 * 2.0 ** -8 if bf16 else 1e-4)
     assert rest_err <= (2 * 2.0 ** -8 if bf16 else 1e-5)
@@ -218,7 +196,7 @@ def test_exact_prefix_is_shared_spliced_rows_stay_private(family, client):
                                                      mode="amortize")]).outcomes
     assert outcome.applied_mode == "amortize" and outcome.rotated_tokens > 0
     first_moved = outcome.token_end + outcome.delta  # rows from here on were rotated (approximate)
-    ids = chat_ids(server, edited(with_system(history()), 3, REPLACEMENT), generation_prompt=False)
+    ids = chat_ids(server.model, edited(with_system(history()), 3, REPLACEMENT), generation_prompt=False)
     body = {"model": SERVED_MODEL_NAME, "prompt": list(ids), "max_tokens": 1, "temperature": 0}
     plain = httpx.post(f"{server.base_url}/v1/completions", json=body, timeout=600).json()
     cached = plain["usage"]["prompt_tokens_details"]["cached_tokens"]
