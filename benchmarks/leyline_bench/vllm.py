@@ -75,6 +75,10 @@ def add_parser(sub) -> None:
     p.add_argument("--shared-tokens", type=int, default=1536, help="their common prefix (system prompt + tools)")
     p.add_argument("--tax-repeats", type=int, default=3, help="paired plain/plugin repeats of the tax cell")
     p.add_argument("--tax-tokens", type=int, default=64, help="tokens generated per request in the tax cell")
+    p.add_argument("--block-size", type=int, default=None,
+                   help="vLLM's KV block size for the served cells (CPU: a multiple of 32; default: vLLM's, 32 "
+                        "with AMX); rows are claimed in whole blocks, so it sets how much around an edit is "
+                        "computed again. Plain resend and Leyline arms share the server, so both get it")
     p.add_argument("--workdir", default=None, help="checkpoints + server logs (default: a temp folder)")
     p.set_defaults(run=run, quick_overrides={"tokens": [512], "repeats": 1, "trace_limit": 1, "max_turns": 3,
                                              "shared_sessions": 2, "shared_tokens": 256, "tax_repeats": 1})
@@ -114,11 +118,12 @@ def _served_cells(args, checkpoint: Path, workdir: Path, cells: list[str]) -> di
     renderer = ChatRenderer(AutoTokenizer.from_pretrained(checkpoint))  # the prompts the plugin builds
     out: dict = {}
     kv_space = {"VLLM_CPU_KVCACHE_SPACE": str(SHAPES[args.shape].kv_cache_gib)}
-    with VllmServer(checkpoint, workdir / "serve", env=kv_space) as server, \
+    extra = ["--block-size", str(args.block_size)] if args.block_size else None
+    with VllmServer(checkpoint, workdir / "serve", env=kv_space, extra=extra) as server, \
             LeylineClient(server.base_url, timeout=900) as client:
         out["engine"] = {"vllm_on_cpu": vllm_on_cpu(), "amx": has_amx(), "dtype": server.dtype,
                          "vllm_prefix_cache": not prefix_cache_disabled(server.log_text()),
-                         "startup_s": server.startup_s}
+                         "startup_s": server.startup_s, "block_size": args.block_size or "vLLM's default"}
         if "edits" in cells:
             warm = out["engine"]["vllm_prefix_cache"]  # without a prefix cache a warm-up would serve nothing
             out["edits"] = [edit_cell(client, server.base_url, tok, renderer, n, p, args.repeats, warm)
@@ -273,7 +278,7 @@ def _markdown(result: dict) -> str:
         lines += [f"vLLM {'CPU build (vllm-cpu)' if e['vllm_on_cpu'] else 'CUDA'}, {e['dtype']}, AMX: "
                   f"{'yes' if e['amx'] else 'no'}; vLLM's prefix cache: "
                   f"{'on' if e['vllm_prefix_cache'] else 'off (vLLM disables it for MLA on CPUs without AMX)'}. "
-                  f"Server start {e['startup_s']:.0f} s.", ""]
+                  f"KV block size: {e.get('block_size', 'vLLM default')}. Server start {e['startup_s']:.0f} s.", ""]
     if "edits" in result:
         lines += _edits_markdown(result["edits"], e["vllm_prefix_cache"])
     if "shared" in result:
