@@ -38,6 +38,7 @@ import torch
 
 from leyline_kernels import delta_rotation_table, rotate_and_splice
 from leyline_runtime.config import AutoConfig
+from leyline_runtime.directives.executor import common_ends
 from leyline_runtime.sessions.drift import DriftState
 from .policies import jsd_rows
 
@@ -175,12 +176,7 @@ class Edit:
 
 
 def diff(old: list[int], new: list[int]) -> Edit:
-    p = 0
-    while p < min(len(old), len(new)) and old[p] == new[p]:
-        p += 1
-    s = 0
-    while s < min(len(old), len(new)) - p and old[-1 - s] == new[-1 - s]:
-        s += 1
+    p, s = common_ends(old, new)
     return Edit(p, len(old) - s, len(new) - s)
 
 

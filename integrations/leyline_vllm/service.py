@@ -34,24 +34,9 @@ from leyline_sdk.diff import apply_directives
 from leyline_sdk.errors import CapacityExceeded, InvalidDirective, SessionExists, SessionNotFound
 from leyline_sdk.tools_prompt import parse_assistant
 from leyline_sdk.protocol import (
-    AppendResult,
-    AutoDecision,
-    Directive,
-    DirectiveBatch,
-    DirectiveOutcome,
-    DirectiveResult,
-    GenerateRequest,
-    GenerateResponse,
-    Message,
-    Mode,
-    Segment,
-    SessionCounters,
-    SessionCreate,
-    SessionInfo,
-    TokenLogprob,
-    TopLogprob,
-    Usage,
-    check_version,
+    AppendResult, AutoDecision, Directive, DirectiveBatch, DirectiveOutcome, DirectiveResult,
+    GenerateRequest, GenerateResponse, Message, Mode, Segment, SessionCounters, SessionCreate, SessionInfo,
+    TokenLogprob, TopLogprob, Usage, check_version,
 )
 
 from .engine import EngineResult, run_prompt

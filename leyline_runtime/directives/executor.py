@@ -90,6 +90,17 @@ class Transaction:
     owned: list[int]
 
 
+def common_ends(old: list[int], new: list[int]) -> tuple[int, int]:
+    """Lengths of the common prefix and of the common suffix after it (they never overlap)."""
+    p = 0
+    while p < min(len(old), len(new)) and old[p] == new[p]:
+        p += 1
+    s = 0
+    while s < min(len(old), len(new)) - p and old[-1 - s] == new[-1 - s]:
+        s += 1
+    return p, s
+
+
 class DirectiveExecutor:
     def __init__(self, engine: Engine, tokenizer: ChatTokenizer, kernel: Callable = kernels.rotate_and_splice,
                  commit_lock=None):
@@ -184,12 +195,7 @@ class DirectiveExecutor:
             old = [t for toks in session.message_tokens[e.start:e.end] for t in toks]
             new = [t for toks in e.tokens for t in toks]
             # Token-level minimisation: keep the common prefix and suffix rows.
-            p = 0
-            while p < min(len(old), len(new)) and old[p] == new[p]:
-                p += 1
-            s = 0
-            while s < min(len(old), len(new)) - p and old[-1 - s] == new[-1 - s]:
-                s += 1
+            p, s = common_ends(old, new)
             out.append(TokenEdit(e, off[e.start] + p, off[e.end] - s, new[p: len(new) - s]))
         return out
 
