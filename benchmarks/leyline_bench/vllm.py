@@ -153,10 +153,11 @@ def edit_cell(client, base_url, tok, renderer, n_tokens: int, position: float, r
     edit = make_edit(tok, history, position, "message")
     arms: dict[str, list[dict]] = {"amortize": [], "forget": [], "vllm_resend": []}
     for r in range(repeats):
-        # each repeat clears the output with its own text, so vLLM's prefix cache (where vLLM
-        # enables it) cannot serve a resend the edited prompt of an earlier repeat
-        edited = apply_directives(history, [_numbered(edit.directive, r)])
         for arm in _rotated(list(arms), r):  # the arms take turns, order rotated per repeat
+            # each arm of each repeat clears the output with its own text, so vLLM's prefix cache (where
+            # vLLM enables it) never serves one the edited prompt another computed: an exact (unsalted)
+            # arm, forget or an amortize a refused model applies as forget, would warm the next
+            edited = apply_directives(history, [_numbered(edit.directive, r, list(arms).index(arm))])
             arms[arm].append(_measure(client, base_url, renderer, arm, history, edited, warm))
     cell = {"position": position, "history_tokens": n_tokens, "edit_start_token": edit.start_token,
             "span_tokens": edit.span_tokens}
@@ -170,9 +171,10 @@ def edit_cell(client, base_url, tok, renderer, n_tokens: int, position: float, r
     return cell
 
 
-def _numbered(directive: Directive, repeat: int) -> Directive:
+def _numbered(directive: Directive, repeat: int, arm: int) -> Directive:
     first, *rest = directive.replacement
-    marked = first.model_copy(update={"content": f"{first.content} (check {repeat + 1})"})
+    # "(check 2.3)": the same number of tokens for every arm, so their prompts are equally long
+    marked = first.model_copy(update={"content": f"{first.content} (check {repeat + 1}.{arm + 1})"})
     return directive.model_copy(update={"replacement": [marked, *rest]})
 
 

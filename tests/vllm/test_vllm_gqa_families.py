@@ -19,9 +19,13 @@ import numpy as np
 import pytest
 
 from leyline_bench.vllm_checks import (
+    REPLACEMENT,
     amortize_once,
     chat_ids,
+    edited,
     fresh_completion,
+    greedy,
+    history,
     layer0_errors,
     moved_layer0,
     splice_info,
@@ -32,7 +36,7 @@ from leyline_bench.vllm_server import VllmServer
 from leyline_sdk import LeylineClient
 from leyline_sdk.protocol import Directive, Span
 from leyline_bench.vllm_server import SERVED_MODEL_NAME
-from test_vllm_directives import REPLACEMENT, assert_same_generation, edited, greedy, history
+from test_vllm_directives import assert_same_generation
 
 NO_ROTATE, WRONG_PAIRING = "norotate-fam", "wrongpair-fam"
 

@@ -20,7 +20,8 @@ from leyline_sdk import LeylineClient
 from leyline_sdk.protocol import Directive, Message, Span
 
 from conftest import SPILL_SESSIONS
-from test_vllm_directives import REPLACEMENT, edited, history, rows, sid
+from leyline_bench.vllm_checks import REPLACEMENT, edited, history, rows
+from test_vllm_directives import sid
 
 POOL_TOKENS = 2048  # the small pool: 4 sessions' holds fill most of it
 MAX_MODEL_LEN = 1024

@@ -1,0 +1,48 @@
+"""``leyline-bench portability --quick`` on one spliced and one refused family (two ``vllm serve``
+starts, about 2 min on 2 cores): the JSON has every number of the matrix, the markdown its rows."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from leyline_bench.cli import main
+from leyline_bench.vllm import POSITIONS
+
+POSITIONS_KEYS = [str(p) for p in POSITIONS]  # the JSON keys of the 10/50/90% cells
+DRIFT_JSON = Path(__file__).resolve().parents[2] / "docs" / "perf" / "drift.json"  # leyline-bench drift's, committed
+
+
+def test_quick_portability_matrix(tmp_path):
+    out = tmp_path / "out"
+    code = main(["portability", "--quick", "--families", "qwen3,gpt_oss", "--out", str(out),
+                 "--workdir", str(tmp_path / "work"), "--drift", str(DRIFT_JSON)])
+    payload = json.loads((out / "portability.json").read_text())
+    families = payload["families"]
+    assert code == 0 and payload["failed"] == [] and list(families) == ["qwen3", "gpt_oss"], payload.get("failed")
+    for name, fam in families.items():
+        assert fam.get("error") is None, (name, fam.get("error"))
+        assert fam["forget"]["same_tokens"] and fam["forget"]["max_logprob_diff"] <= 5e-2, (name, fam["forget"])
+        for arm in ("amortize_vs_resend", "forget_vs_resend"):
+            assert list(fam["ttft"][arm]) == POSITIONS_KEYS and all(v > 0 for v in fam["ttft"][arm].values())
+
+    spliced, refused = families["qwen3"], families["gpt_oss"]
+    assert spliced["splice"]["supported"] and spliced["splice"]["pair_layout"] == "half_split"
+    bf16 = spliced["engine"]["dtype"] == "bfloat16"
+    assert spliced["rotation"]["applied_mode"] == "amortize" and spliced["rotation"]["rotated_tokens"] > 0
+    assert spliced["rotation"]["rotary_max_err"] <= (2 * 2.0 ** -8 if bf16 else 1e-4)
+    assert spliced["rotation"]["other_max_err"] <= (2 * 2.0 ** -8 if bf16 else 1e-5)
+    assert spliced["ttft"]["amortize_applied"] == ["amortize"]
+
+    assert not refused["splice"]["supported"] and "sliding-window" in refused["splice"]["reason"]
+    assert refused["rotation"]["applied_mode"] == "forget" and refused["rotation"]["rotary_max_err"] is None
+    assert refused["rotation"]["fallback_reason"].startswith("unsupported_runtime: ")
+    assert refused["ttft"]["amortize_applied"] == ["forget"]
+
+    markdown = (out / "portability.md").read_text()
+    assert "`leyline-bench portability --quick" in markdown and "docs/perf/vllm_shapes" in markdown
+    assert "| `qwen3` | spliced (RotaryEmbedding) | half_split, 128/128 |" in markdown
+    assert "| `gpt_oss` | refused |" in markdown
+    # the trained models' fidelity, read from the drift bench's JSON
+    assert set(payload["fidelity"]["models"]) == set(json.loads(DRIFT_JSON.read_text())["models"])
+    assert "## Amortize fidelity on trained models" in markdown and "| `llama-gqa` | llama (6 / 2) |" in markdown
