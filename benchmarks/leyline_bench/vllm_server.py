@@ -78,12 +78,14 @@ class VllmServer:
     (``VLLM_PLUGINS=""`` matches none)."""
 
     def __init__(self, model: str | Path, workdir: str | Path, *, env: dict[str, str] | None = None,
-                 extra: list[str] | None = None, startup_timeout: float = 900.0, plugin: bool = True):
+                 extra: list[str] | None = None, startup_timeout: float = 900.0, plugin: bool = True,
+                 dtype: str | None = None):
         self.model = Path(model)
         self.workdir = Path(workdir)
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
-        self.dtype = "bfloat16" if vllm_on_cpu() and has_amx() else "float32"
+        # vLLM's CPU attention keeps fp32 caches fast without AMX; ``dtype`` forces one (a bf16 check anywhere)
+        self.dtype = dtype or ("bfloat16" if vllm_on_cpu() and has_amx() else "float32")
         self.plugin = plugin
         self.cmd = serve_command(model, self.port, dtype=self.dtype, extra=extra, plugin=plugin)
         self.env = {**os.environ, "VLLM_PLUGINS": "leyline" if plugin else "",

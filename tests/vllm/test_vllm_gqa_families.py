@@ -19,7 +19,9 @@ import numpy as np
 import pytest
 
 from leyline_bench.vllm_checks import (
+    OTHER_TOL,
     REPLACEMENT,
+    ROTARY_TOL,
     amortize_once,
     chat_ids,
     edited,
@@ -142,10 +144,8 @@ def test_amortize_layer0_rows_equal_a_fresh_prefill(family, client):
     if EXPECTED[name].refused:
         pytest.skip(f"{name} is refused: nothing is rotated (see test_refused_family_applies_forget_with_reason)")
     rotary_err, rest_err = layer0_errors(splice(family), *_moved_layer0(family, client, f"amortize-{name}"))
-    bf16 = server.dtype == "bfloat16"
     print(f"\n{name}: layer-0 rotary dims max error {rotary_err:.2e} (of the largest), other dims {rest_err:.2e}")
-    assert rotary_err <= (2 * 2.0 ** -8 if bf16 else 1e-4)
-    assert rest_err <= (2 * 2.0 ** -8 if bf16 else 1e-5)
+    assert rotary_err <= ROTARY_TOL[server.dtype] and rest_err <= OTHER_TOL[server.dtype]
 
 
 @pytest.mark.parametrize("control", [NO_ROTATE, WRONG_PAIRING])

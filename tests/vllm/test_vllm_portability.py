@@ -8,6 +8,7 @@ from pathlib import Path
 
 from leyline_bench.cli import main
 from leyline_bench.vllm import POSITIONS
+from leyline_bench.vllm_checks import OTHER_TOL, ROTARY_TOL
 
 POSITIONS_KEYS = [str(p) for p in POSITIONS]  # the JSON keys of the 10/50/90% cells
 DRIFT_JSON = Path(__file__).resolve().parents[2] / "docs" / "perf" / "drift.json"  # leyline-bench drift's, committed
@@ -28,10 +29,10 @@ def test_quick_portability_matrix(tmp_path):
 
     spliced, refused = families["qwen3"], families["gpt_oss"]
     assert spliced["splice"]["supported"] and spliced["splice"]["pair_layout"] == "half_split"
-    bf16 = spliced["engine"]["dtype"] == "bfloat16"
+    dtype = spliced["engine"]["dtype"]
     assert spliced["rotation"]["applied_mode"] == "amortize" and spliced["rotation"]["rotated_tokens"] > 0
-    assert spliced["rotation"]["rotary_max_err"] <= (2 * 2.0 ** -8 if bf16 else 1e-4)
-    assert spliced["rotation"]["other_max_err"] <= (2 * 2.0 ** -8 if bf16 else 1e-5)
+    assert spliced["rotation"]["rotary_max_err"] <= ROTARY_TOL[dtype]
+    assert spliced["rotation"]["other_max_err"] <= OTHER_TOL[dtype]
     assert spliced["ttft"]["amortize_applied"] == ["amortize"]
 
     assert not refused["splice"]["supported"] and "sliding-window" in refused["splice"]["reason"]
