@@ -12,7 +12,9 @@ from leyline_runtime.model import load_model
 from leyline_runtime.text.tokenizer import ChatTokenizer
 from leyline_runtime.model.default import DEFAULT_MODEL_DIR
 from leyline_sdk.protocol import Message
-from leyline_training.architectures import folder_arch, load_trained, new_model
+from leyline_training.architectures import (
+    config_dict, folder_arch, from_config_dict, load_trained, new_model, save_trained,
+)
 from leyline_training.corpus import DataMix
 from leyline_training.train import DEFAULT_TOKENIZER, train
 
@@ -28,6 +30,18 @@ def test_llama_matches_the_default_models_size_and_shape():
     assert abs(n_llama - n_mla) / n_mla < 0.05
     ids = torch.arange(12)[None]
     assert llama(ids).shape == (1, 12, tok.vocab_size)
+
+
+def test_llama_from_its_config_is_seeded_like_new_and_saving_leaves_the_model_as_it_was(tmp_path):
+    tok = ChatTokenizer.from_file(DEFAULT_TOKENIZER)
+    llama = new_model("llama", tok.vocab_size, DEFAULT_TOKENIZER, seed=3)
+    again = from_config_dict("llama", config_dict(llama), seed=3)  # evaluate's random-init baseline
+    assert all(torch.equal(a, b) for a, b in zip(llama.state_dict().values(), again.state_dict().values()))
+    before = {k: v.clone() for k, v in llama.state_dict().items()}
+    save_trained(llama, tmp_path / "model", DEFAULT_TOKENIZER)
+    assert all(v.dtype == torch.float32 and torch.equal(v, before[k]) for k, v in llama.state_dict().items())
+    loaded = load_trained(tmp_path / "model").state_dict()  # stored in bf16
+    assert all(torch.equal(loaded[k], v.to(torch.bfloat16).float()) for k, v in before.items())
 
 
 def test_train_llama_writes_a_folder_transformers_and_its_chat_template_load(tmp_path):

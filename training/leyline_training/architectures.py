@@ -10,7 +10,7 @@
   is MLA only; a trained ``llama`` folder carries the Hugging Face tokenizer
   files and the chat template, so vLLM (with Leyline's plugin) and
   transformers serve it. It exists to measure whether amortize drifts on GQA
-  as it does on MLA (``leyline-bench portability``).
+  as it does on MLA (``leyline-bench drift``).
 
 Both are initialised the same way (seeded N(0, 0.02) for every matrix, unit
 norms) and trained by the same loop on the same data.
@@ -18,6 +18,7 @@ norms) and trained by the same loop on the same data.
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
@@ -27,6 +28,7 @@ from leyline_runtime.model import default_config, load_model, save_model, seeded
 from leyline_runtime.model.config import config_from_dict
 from leyline_runtime.text.hf_files import config_token_ids, write_tokenizer_files
 from .cli import ARCHITECTURES
+
 MAX_POSITIONS = 4096
 
 
@@ -86,13 +88,16 @@ def config_dict(model: torch.nn.Module) -> dict:
 
 
 def from_config_dict(arch: str, config: dict, seed: int) -> torch.nn.Module:
-    """A seeded model of a checkpoint's stored config (its weights are loaded after)."""
+    """A model of a checkpoint's stored config, seeded by ``new_model``'s rule (the random-init baseline of
+    ``leyline-train evaluate``; a resumed run loads its weights over it)."""
     if arch == "mla":
         return seeded_model(config_from_dict(config), seed)
     from transformers import LlamaConfig, LlamaForCausalLM
 
     cfg = LlamaConfig.from_dict({k: v for k, v in config.items() if k != "transformers_version"})
-    return HFCausalLM(LlamaForCausalLM(cfg).to(torch.float32))
+    model = HFCausalLM(LlamaForCausalLM(cfg).to(torch.float32))
+    _seed_parameters(model, seed)
+    return model
 
 
 def folder_arch(folder: str | Path) -> str:
@@ -115,8 +120,8 @@ def save_trained(model: torch.nn.Module, folder: str | Path, tokenizer_file: str
     Hugging Face tokenizer config with the chat template, so vLLM and transformers load it as it is."""
     folder = Path(folder)
     if isinstance(model, HFCausalLM):
-        model.hf.to(torch.bfloat16).save_pretrained(folder, safe_serialization=True)
-        model.hf.to(torch.float32)
+        # a bf16 copy: casting the model itself would round the weights the caller goes on using
+        copy.deepcopy(model.hf).to(torch.bfloat16).save_pretrained(folder, safe_serialization=True)
         write_tokenizer_files(folder, tokenizer_file, MAX_POSITIONS)
         return
     save_model(model, folder, dtype=torch.bfloat16)
