@@ -38,6 +38,7 @@ import torch
 
 from leyline_kernels import delta_rotation_table, rotate_and_splice
 from leyline_runtime.config import AutoConfig
+from leyline_runtime.directives.auto_mode import moved_position, signal_choice, tail_is_short
 from leyline_runtime.directives.executor import common_ends
 from leyline_runtime.sessions.drift import DriftState
 from .policies import jsd_rows
@@ -174,16 +175,14 @@ class Edit:
     def delta(self) -> int:
         return self.new_end - self.old_end
 
+    @property
+    def old_start(self) -> int:  # the runtime's TokenEdit name, for its moved_position
+        return self.start
+
 
 def diff(old: list[int], new: list[int]) -> Edit:
     p, s = common_ends(old, new)
     return Edit(p, len(old) - s, len(new) - s)
-
-
-def _moved_earliest(earliest: int | None, e: Edit) -> int | None:
-    if earliest is None or earliest < e.start:
-        return earliest
-    return e.start if earliest < e.old_end else earliest + e.delta
 
 
 def apply_edit(model, run: PolicyRun, new: list[int], e: Edit, slot: RopeSlot, cfg: AutoConfig) -> None:
@@ -199,16 +198,18 @@ def apply_edit(model, run: PolicyRun, new: list[int], e: Edit, slot: RopeSlot, c
     if run.policy == "amortize":
         return
     run.drift.budget = cfg.drift_budget
-    run.drift.moved(_moved_earliest(run.drift.earliest, e))
+    if run.drift.earliest is not None:
+        run.drift.moved(moved_position([e], run.drift.earliest))
     choice, drift = "amortize", 0.0
-    if n - e.new_end <= max(cfg.short_tail, cfg.repair_tail):
+    if tail_is_short(cfg, n, e.new_end):
         choice = "forget"
     else:
         window = min(n, e.new_end + cfg.signal_window)
         drift = layer1_change(model, run.rows, new, e.new_end, window) * (len(run.rows) - 1)
         run.signal_tokens += window - e.new_end
         run.signals.append(drift)
-        choice = "forget" if drift > cfg.forget_threshold else "amortize"
+        # no attention share is measured here, so no repair (the runtime sets no repair threshold by default)
+        choice, _ = signal_choice(cfg, drift, attention=0.0)
     if choice == "forget":
         _recompute_from(model, run, new, e.new_end)
         run.drift.recomputed_from(e.start)

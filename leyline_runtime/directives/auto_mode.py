@@ -120,6 +120,20 @@ def moved_position(edits: list[TokenEdit], old: int) -> int:
     return old + shift
 
 
+def tail_is_short(config: AutoConfig, n: int, edit_end: int) -> bool:
+    """At most ``short_tail`` (or ``repair_tail``) tokens after the edit: a forget costs no more than a repair."""
+    return n - edit_end <= max(config.short_tail, config.repair_tail)
+
+
+def signal_choice(config: AutoConfig, drift: float, attention: float) -> tuple[str, str]:
+    """(choice, reason) for an edit whose tail is long enough to measure, from its drift and attention share."""
+    if drift > config.forget_threshold:
+        return "forget", "signal"
+    if config.repair_threshold is not None and drift * attention > config.repair_threshold:
+        return "repair", "signal"
+    return "amortize", "below_threshold"
+
+
 class AutoMode:
     """Runs directive batches through the executor, deciding their ``auto`` edits inside its transaction."""
 
@@ -213,19 +227,14 @@ class AutoMode:
 
     def _decide(self, table: BlockTable, tokens: list[int], start: int, edit_end: int) -> AutoDecision:
         cfg, n = self.config, len(tokens)
-        if n - edit_end <= max(cfg.short_tail, cfg.repair_tail):
+        if tail_is_short(cfg, n, edit_end):
             return AutoDecision(choice="forget", reason="short_tail")
         window_end = min(n, edit_end + cfg.signal_window)
         change = layer1_change(self.engine, table, tokens, edit_end, window_end)
         attention = layer0_attention(self.engine, table, tokens, start, window_end, cfg.attention_queries)
-        drift = change * self.depth_weight
-        choice, reason = "amortize", "below_threshold"
-        if drift > cfg.forget_threshold:
-            choice, reason = "forget", "signal"
-        elif cfg.repair_threshold is not None and drift * attention > cfg.repair_threshold:
-            choice, reason = "repair", "signal"
+        choice, reason = signal_choice(cfg, change * self.depth_weight, attention)
         return AutoDecision(choice=choice, reason=reason, layer1_change=change, attention=attention,
                             signal_tokens=window_end - edit_end)
 
 
-__all__ = ["AutoConfig", "AutoMode", "DriftState", "layer1_change"]
+__all__ = ["AutoConfig", "AutoMode", "DriftState", "layer1_change", "moved_position", "signal_choice", "tail_is_short"]
