@@ -11,8 +11,10 @@
 #   make test-vllm     the vLLM plugin against a real `vllm serve` (builds its own .venv-vllm)
 #   make test-replicas two `vllm serve` replicas behind nginx (deploy/nginx-leyline.conf), one restarted
 #                      mid-run (installs Debian's nginx-light with apt-get where nginx is missing: root)
-#   make gpu-check     kernels, their bandwidth and the runtime on CUDA with this python, no install;
-#                      a CPU dry run without a GPU (docs/performance.md) [ARGS=--dry-run]
+#   make gpu-wheels    the runtime's packages a GPU machine's image lacks, into .gpu-wheels (needs PyPI)
+#   make gpu-check     kernels, the vLLM plugin's layout probe, bandwidth, the runtime and a served session on
+#                      CUDA with this python (benchmarks/gpu_check.sh); a CPU dry run without a GPU
+#                      (docs/performance.md) [ARGS=--dry-run]
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -26,7 +28,7 @@ VLLM_VENV := .venv-vllm
 VLLM_BIN := $(VLLM_VENV)/bin
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: serve test test-slow typecheck docs dist install clean test-vllm test-replicas nginx gpu-check
+.PHONY: serve test test-slow typecheck docs dist install clean test-vllm test-replicas nginx gpu-check gpu-wheels
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -99,11 +101,13 @@ test-replicas: $(VLLM_STAMP) nginx
 	LEYLINE_VLLM_TESTS=1 $(VLLM_BIN)/python -m pytest -q -p no:cacheprovider --timeout 2400 -s \
 	  tests/vllm/test_vllm_replicas.py
 
-# No venv and no install: a GPU machine's image brings torch and triton, and may reach no registry.
-# A PYTHONPATH given (packages carried to such a machine) is kept after the checkout's folders.
+# For a GPU machine that reaches no registry: its image's missing packages, pinned to what .venv runs.
+gpu-wheels: $(RUNTIME_STAMP)
+	$(BIN)/python -m leyline_bench.gpu_wheels
+
+# No venv: a GPU machine's image brings torch and triton; .gpu-wheels (if there) brings the rest.
 gpu-check:
-	PYTHONPATH=$(CURDIR):$(CURDIR)/kernels:$(CURDIR)/integrations:$(CURDIR)/benchmarks:$(CURDIR)/training$${PYTHONPATH:+:$$PYTHONPATH} \
-	  $(PY) -m leyline_bench.gpu_check $(ARGS)
+	PY=$(PY) sh benchmarks/gpu_check.sh $(ARGS)
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) dist build

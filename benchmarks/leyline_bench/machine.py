@@ -49,8 +49,12 @@ def _git(*args: str) -> str | None:
 
 
 def git_info() -> dict:
+    """The checkout's commit; where there is no git history (a copy of the tree sent to a GPU
+    machine), ``LEYLINE_COMMIT`` names it."""
     commit = _git("rev-parse", "HEAD")
     status = _git("status", "--porcelain", "--untracked-files=no") if commit else None
+    if commit is None and os.environ.get("LEYLINE_COMMIT"):
+        return {"commit": os.environ["LEYLINE_COMMIT"], "dirty": None}
     return {"commit": commit, "dirty": bool(status) if status is not None else None}
 
 

@@ -83,6 +83,7 @@ FAULT_ENV = "LEYLINE_VLLM_TEST_FAULT_SESSIONS"
 NO_ROTATE_ENV = "LEYLINE_VLLM_TEST_NO_ROTATE_SESSIONS"
 WRONG_PAIRING_ENV = "LEYLINE_VLLM_TEST_WRONG_PAIRING_SESSIONS"
 SPILL_ENV = "LEYLINE_VLLM_TEST_SPILL_SESSIONS"
+PROBE_FAULT_ENV = "LEYLINE_VLLM_TEST_PROBE_FAULT"  # "1": registration fails as a broken probe would
 OTHER_PAIRING = {"half_split": "interleaved", "interleaved": "half_split"}
 # a finished request's blocks are held only when it ended normally (an aborted one's output is never used)
 _HELD_ENDINGS = {"FINISHED_STOPPED", "FINISHED_LENGTH_CAPPED", "FINISHED_REPETITION"}
@@ -325,12 +326,18 @@ class LeylineConnector(KVConnectorBase_V1):
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]):
         try:
+            if os.environ.get(PROBE_FAULT_ENV) == "1":
+                raise RuntimeError(f"injected by {PROBE_FAULT_ENV}")
             self._layout, self._rows = layer_rows(self._vllm_config, kv_caches, model_rotary_embeddings(),
                                                   self._num_blocks)
-        except UnsupportedModel as exc:  # still served: every directive becomes forget, with this reason
-            self.refusal = str(exc)
+        except Exception as exc:  # never stops the engine: served, every directive applied as forget
+            self._layout, self._rows = None, {}
+            self.refusal = str(exc) if isinstance(exc, UnsupportedModel) else \
+                f"the layout probe failed ({type(exc).__name__}: {exc})"
+            if any(cache.is_cuda for cache in kv_caches.values()):
+                torch.cuda.empty_cache()  # what the probe took goes back before vLLM's warm-up
             logger.warning("Leyline connector: this model's cache is not spliced (%s); directives run as forget",
-                           exc)
+                           self.refusal)
             return
         lay = self._layout
         logger.info("Leyline connector: %d %s layers, %d row(s) of %d per token, rope %s (%s, %d dims at %d)",
