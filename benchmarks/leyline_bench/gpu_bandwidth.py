@@ -108,16 +108,21 @@ class Case:
         return torch.equal(self.pool[self.dst].view(bits), reference.view(bits))
 
     def seconds(self, fn) -> float:
-        if self.device.startswith("cuda"):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            return start.elapsed_time(end) / 1e3
-        t0 = time.perf_counter()
+        return seconds(self.device, fn)
+
+
+def seconds(device: str, fn) -> float:
+    """One call of ``fn`` on ``device``: CUDA events on a GPU, the wall clock on the CPU."""
+    if device.startswith("cuda"):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
         fn()
-        return time.perf_counter() - t0
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
 
 
 def measure(shape: RowShape, tokens: int, dtype: torch.dtype, device: str, reps: int) -> dict:
@@ -153,3 +158,14 @@ def measure_all(tokens: list[int], dtype: torch.dtype, device: str, reps: int, l
                 f"triton/copy {r['triton_vs_copy']:.2f} (kernel alone {r['triton_kernel_vs_copy']:.2f}); bit-identical {r['triton_bit_identical_to_torch']}")
             results.append(r)
     return results
+
+
+def device_copy_gb_per_s(device: str, nbytes: int, reps: int) -> float:
+    """The device's own bar: one ``copy_`` of ``nbytes`` into another buffer, GB/s counting bytes read
+    and written (median of ``reps``), as the H200's ~4.3 TB/s was measured."""
+    src = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    took = median([seconds(device, lambda: dst.copy_(src)) for _ in range(reps)])
+    del src, dst
+    return 2 * nbytes / took / 1e9

@@ -52,6 +52,7 @@ KERNEL_TESTS = "tests/kernels"
 DRY_RUN_KERNEL_TESTS = "bit_identical"
 PLUGIN_TESTS = "tests/integrations/test_vllm_layout.py"
 PYTEST_TIMEOUT_S = 240
+DEVICE_COPY_BYTES, DRY_RUN_COPY_BYTES = 4 * 2**30, 2**20  # the device's own copy, the bar for GB/s
 STEPS = ("kernels", "plugin", "bandwidth", "runtime", "served")
 
 
@@ -135,15 +136,17 @@ def plugin_tests(on_gpu: bool) -> dict:
 
 
 def bandwidth(device: str, tokens: list[int], reps: int) -> dict:
-    from .gpu_bandwidth import measure_all
+    from .gpu_bandwidth import device_copy_gb_per_s, measure_all
 
     if importlib.util.find_spec("triton") is None:
         return {"status": "skip", "reason": "triton is not installed"}
     cells = measure_all(tokens, torch.bfloat16, device, reps)
     broken = [f"{c['shape']} {c['tokens']}" for c in cells if not c["triton_bit_identical_to_torch"]]
+    copy_bytes = DEVICE_COPY_BYTES if device.startswith("cuda") else DRY_RUN_COPY_BYTES
     return {"status": "fail" if broken else "pass",
             "reason": f"Triton rows differ from torch's at {', '.join(broken)}" if broken else None,
-            "dtype": "bfloat16", "reps": reps, "cells": cells}
+            "dtype": "bfloat16", "reps": reps, "cells": cells,
+            "device_copy_bytes": copy_bytes, "device_copy_gb_per_s": device_copy_gb_per_s(device, copy_bytes, reps)}
 
 
 def _run_step(name: str, fn, skip: list[str]) -> dict:
@@ -194,7 +197,9 @@ def _markdown(report: dict) -> str:
                                  c["gb_per_s"]["copy"], c["gb_per_s"]["triton"], c["gb_per_s"]["triton_kernel"],
                                  c["gb_per_s"]["torch"], c["triton_vs_copy"], c["triton_kernel_vs_copy"],
                                  c["triton_bit_identical_to_torch"]]
-                                for c in step["cells"]])]
+                                for c in step["cells"]]),
+                      "", f"The device's own copy (`copy_` of {step['device_copy_bytes'] / 2**30:.3g} GiB, bytes read and "
+                          f"written): {step['device_copy_gb_per_s']:.0f} GB/s."]
         if step["name"] in ("kernels", "plugin") and "passed" in step:
             lines += ["", f"{step['name'].capitalize()} tests (`{step['command']}`, TRITON_INTERPRET="
                           f"{step['triton_interpret']}): {step['passed']} passed ({step['cuda_passed']} on CUDA), "
