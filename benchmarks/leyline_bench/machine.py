@@ -49,12 +49,12 @@ def _git(*args: str) -> str | None:
 
 
 def git_info() -> dict:
-    """The checkout's commit; where there is no git history (a copy of the tree sent to a GPU
-    machine), ``LEYLINE_COMMIT`` names it."""
+    """The checkout's commit; ``LEYLINE_COMMIT`` names it where the tree is a copy whose git
+    history is not its own (a tree sent to a GPU machine)."""
+    if os.environ.get("LEYLINE_COMMIT"):
+        return {"commit": os.environ["LEYLINE_COMMIT"], "dirty": None}
     commit = _git("rev-parse", "HEAD")
     status = _git("status", "--porcelain", "--untracked-files=no") if commit else None
-    if commit is None and os.environ.get("LEYLINE_COMMIT"):
-        return {"commit": os.environ["LEYLINE_COMMIT"], "dirty": None}
     return {"commit": commit, "dirty": bool(status) if status is not None else None}
 
 

@@ -31,13 +31,11 @@ def _is_int_tensor(t: object) -> bool:
     )
 
 
-def _check_range(name: str, idx: torch.Tensor, upper: int) -> None:
-    if idx.numel() == 0:
-        return
-    lo = int(idx.min())
-    hi = int(idx.max())
+def _range_message(name: str, idx: torch.Tensor, upper: int) -> str | None:
+    lo, hi = int(idx.min()), int(idx.max())
     if lo < 0 or hi >= upper:
-        raise ValueError(f"{name} out of range: values span [{lo}, {hi}], valid range is [0, {upper})")
+        return f"{name} out of range: values span [{lo}, {hi}], valid range is [0, {upper})"
+    return None
 
 
 def check_rotate_and_splice_args(
@@ -114,33 +112,54 @@ def check_rotate_and_splice_args(
     src_rows = src_rows.to(torch.int64).contiguous()
     dst_rows = dst_rows.to(torch.int64).contiguous()
     delta_index = delta_index.to(torch.int64).contiguous()
-    _check_range("src_rows", src_rows, src_pool.shape[0])
-    _check_range("dst_rows", dst_rows, dst_pool.shape[0])
-    _check_range("delta_index", delta_index, cos.shape[0])
-    _check_unique_disjoint(src_rows, dst_rows, dst_pool.shape[0], same_pool)
+    _check_indices(src_rows, dst_rows, delta_index, src_pool.shape[0], dst_pool.shape[0], cos.shape[0], same_pool)
     return src_rows, dst_rows, delta_index
 
 
-def _check_unique_disjoint(src_rows, dst_rows, num_rows: int, same_pool: bool) -> None:
-    """dst_rows must not repeat; within one pool src and dst must not meet."""
+def _check_indices(src_rows, dst_rows, delta_index, src_len: int, dst_len: int, table_len: int,
+                   same_pool: bool) -> None:
+    """Every index in range, ``dst_rows`` without repeats, and (within one pool) ``src_rows`` and
+    ``dst_rows`` disjoint. The flags are computed on the indices' device and read back in one
+    transfer (on a GPU each read is a synchronisation, which cost more than the kernel at 4k
+    tokens); the messages are worked out only when a flag is up."""
     n = dst_rows.numel()
-    if n == 0 or (n == 1 and not same_pool):
+    if n == 0:
         return
+    ranges = (("src_rows", src_rows, src_len), ("dst_rows", dst_rows, dst_len), ("delta_index", delta_index, table_len))
+    flags = [(idx.min() < 0) | (idx.max() >= upper) for _, idx, upper in ranges]
+    check_sets = n > 1 or same_pool
+    if check_sets:
+        flags += list(_set_flags(src_rows, dst_rows, dst_len, same_pool))
+    raised = torch.stack(flags).tolist()
+    if not any(raised):
+        return
+    for name, idx, upper in ranges:
+        message = _range_message(name, idx, upper)
+        if message:
+            raise ValueError(message)
+    if raised[3]:
+        raise ValueError("dst_rows contains duplicates")
+    raise ValueError("src_rows and dst_rows overlap within the same pool; the row sets must be disjoint")
+
+
+def _set_flags(src_rows, dst_rows, num_rows: int, same_pool: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(``dst_rows`` repeats a row, ``src_rows`` meets ``dst_rows`` in one pool) as 0-d bool tensors.
+    Indices are in range (checked with them; an out-of-range one is reported first)."""
+    n = dst_rows.numel()
+    src_rows = src_rows.clamp(0, num_rows - 1)  # the range flags report those; keep the map's reads legal
+    dst_rows = dst_rows.clamp(0, num_rows - 1)
     if num_rows <= 8 * n + (1 << 16):
         # a byte map over the pool: O(num_rows + n), no sort
         mark = torch.zeros(num_rows, dtype=torch.uint8, device=dst_rows.device)
         mark.index_fill_(0, dst_rows, 1)
-        if int(mark.sum()) != n:
-            raise ValueError("dst_rows contains duplicates")
-        if same_pool and bool(mark.index_select(0, src_rows).any()):
-            raise ValueError("src_rows and dst_rows overlap within the same pool; the row sets must be disjoint")
+        repeats = mark.sum() != n
+        overlap = mark.index_select(0, src_rows).any() if same_pool else repeats.new_zeros(())
     else:
         d = torch.sort(dst_rows).values
-        if bool((d[1:] == d[:-1]).any()):
-            raise ValueError("dst_rows contains duplicates")
+        repeats = (d[1:] == d[:-1]).any()
         if same_pool:
             pos = torch.searchsorted(d, src_rows).clamp_(max=n - 1)
-            if bool((d[pos] == src_rows).any()):
-                raise ValueError(
-                    "src_rows and dst_rows overlap within the same pool; the row sets must be disjoint"
-                )
+            overlap = (d[pos] == src_rows).any()
+        else:
+            overlap = repeats.new_zeros(())
+    return repeats, overlap
