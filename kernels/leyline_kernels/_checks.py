@@ -31,13 +31,6 @@ def _is_int_tensor(t: object) -> bool:
     )
 
 
-def _range_message(name: str, idx: torch.Tensor, upper: int) -> str | None:
-    lo, hi = int(idx.min()), int(idx.max())
-    if lo < 0 or hi >= upper:
-        return f"{name} out of range: values span [{lo}, {hi}], valid range is [0, {upper})"
-    return None
-
-
 def check_rotate_and_splice_args(
     src_pool, dst_pool, src_rows, dst_rows, delta_index, cos, sin, rope_offset, rope_dim,
     pair_layout: str = "half_split",
@@ -119,47 +112,49 @@ def check_rotate_and_splice_args(
 def _check_indices(src_rows, dst_rows, delta_index, src_len: int, dst_len: int, table_len: int,
                    same_pool: bool) -> None:
     """Every index in range, ``dst_rows`` without repeats, and (within one pool) ``src_rows`` and
-    ``dst_rows`` disjoint. The flags are computed on the indices' device and read back in one
-    transfer (on a GPU each read is a synchronisation, which cost more than the kernel at 4k
-    tokens); the messages are worked out only when a flag is up."""
+    ``dst_rows`` disjoint. Each index tensor's extremes and the set counts are reduced on the
+    indices' device and read back in one transfer: on a GPU every read synchronises and every small
+    op costs a launch, and at 4k tokens these checks cost more than the kernel (H200, gpu-check)."""
     n = dst_rows.numel()
     if n == 0:
         return
     ranges = (("src_rows", src_rows, src_len), ("dst_rows", dst_rows, dst_len), ("delta_index", delta_index, table_len))
-    flags = [(idx.min() < 0) | (idx.max() >= upper) for _, idx, upper in ranges]
+    values = [v for _, idx, _ in ranges for v in torch.aminmax(idx)]
     check_sets = n > 1 or same_pool
     if check_sets:
-        flags += list(_set_flags(src_rows, dst_rows, dst_len, same_pool))
-    raised = torch.stack(flags).tolist()
-    if not any(raised):
-        return
-    for name, idx, upper in ranges:
-        message = _range_message(name, idx, upper)
-        if message:
-            raise ValueError(message)
-    if raised[3]:
-        raise ValueError("dst_rows contains duplicates")
-    raise ValueError("src_rows and dst_rows overlap within the same pool; the row sets must be disjoint")
+        values += _set_counts(src_rows, dst_rows, dst_len, same_pool)
+    got = torch.stack(values).tolist()
+    for k, (name, _, upper) in enumerate(ranges):
+        lo, hi = got[2 * k], got[2 * k + 1]
+        if lo < 0 or hi >= upper:
+            raise ValueError(f"{name} out of range: values span [{lo}, {hi}], valid range is [0, {upper})")
+    if check_sets:
+        distinct, shared = got[6], got[7]
+        if distinct != n:
+            raise ValueError("dst_rows contains duplicates")
+        if shared:
+            raise ValueError("src_rows and dst_rows overlap within the same pool; the row sets must be disjoint")
 
 
-def _set_flags(src_rows, dst_rows, num_rows: int, same_pool: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """(``dst_rows`` repeats a row, ``src_rows`` meets ``dst_rows`` in one pool) as 0-d bool tensors.
-    Indices are in range (checked with them; an out-of-range one is reported first)."""
+def _set_counts(src_rows, dst_rows, num_rows: int, same_pool: bool) -> list[torch.Tensor]:
+    """[distinct rows in ``dst_rows``, ``src_rows`` that are also in ``dst_rows`` (0 across two pools)]
+    as 0-d int64 tensors. Read only when every index is in range (an out-of-range one is reported
+    first); clamped so that the reads here stay legal either way."""
     n = dst_rows.numel()
-    src_rows = src_rows.clamp(0, num_rows - 1)  # the range flags report those; keep the map's reads legal
     dst_rows = dst_rows.clamp(0, num_rows - 1)
     if num_rows <= 8 * n + (1 << 16):
         # a byte map over the pool: O(num_rows + n), no sort
         mark = torch.zeros(num_rows, dtype=torch.uint8, device=dst_rows.device)
         mark.index_fill_(0, dst_rows, 1)
-        repeats = mark.sum() != n
-        overlap = mark.index_select(0, src_rows).any() if same_pool else repeats.new_zeros(())
+        distinct = mark.sum(dtype=torch.int64)
+        shared = (mark.index_select(0, src_rows.clamp(0, num_rows - 1)).sum(dtype=torch.int64) if same_pool
+                  else distinct.new_zeros(()))
     else:
         d = torch.sort(dst_rows).values
-        repeats = (d[1:] == d[:-1]).any()
+        distinct = n - (d[1:] == d[:-1]).sum()
         if same_pool:
             pos = torch.searchsorted(d, src_rows).clamp_(max=n - 1)
-            overlap = (d[pos] == src_rows).any()
+            shared = (d[pos] == src_rows).sum()
         else:
-            overlap = repeats.new_zeros(())
-    return repeats, overlap
+            shared = distinct.new_zeros(())
+    return [distinct, shared]

@@ -164,7 +164,7 @@ def test_mla_rows_are_probed_through_the_cache_write_and_rotated_in_place(layout
     slots = torch.tensor([0, 5, 6, 31], device=device)
     delta_index, cos, sin = delta_rotation_table(torch.tensor([3, 3, -40, 7]), lay.rope.inv_freq, device)
     rows.splice(staged, slots, delta_index, cos, sin, "interleaved")
-    got = view[slots // SLOTS, slots % SLOTS]
+    got = view[slots // SLOTS, 0, slots % SLOTS]
     assert torch.equal(got[:, :RANK], staged[:, :RANK])  # c_kv copied bit for bit
     for i, d in enumerate([3, 3, -40, 7]):
         assert torch.allclose(got[i, RANK:].double(), rotate_reference(staged[i, RANK:], d, lay.rope), atol=1e-5)
