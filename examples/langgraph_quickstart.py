@@ -2,7 +2,9 @@
 runtime's KV cache in place (directives) instead of re-prefilling the history.
 
 Needs a running runtime (``leyline-runtime serve``): LEYLINE_BASE_URL (default http://127.0.0.1:8000) and
-LEYLINE_API_KEY (or ``LeylineClient(base_url, api_key)``) when the server was started with ``--api-key``.
+LEYLINE_API_KEY (or ``LeylineClient(base_url, api_key)``) when the server was started with ``--api-key``;
+and LangChain (from the checkout: ``.venv/bin/pip install -e '.[langchain]'``). Run twice on one server, the
+second run's first call adopts the session the first left and starts over in it: ``[rerun forget]``.
 """
 
 from langchain.agents import create_agent

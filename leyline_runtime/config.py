@@ -3,12 +3,14 @@
 ``leyline-runtime --help`` reads its defaults and choices from here, so the
 command line and the code it configures cannot disagree, and building the
 parser imports neither torch nor FastAPI (tests/repo/test_cli_light.py checks it).
-This module imports nothing from the rest of the runtime.
+This module imports nothing from the rest of the runtime but the (torch-free) rule of mode auto.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+from leyline_runtime.auto_rule import AutoConfig  # mode auto's thresholds, shared with the vLLM plugin
 
 DTYPES = ("float32", "bfloat16")
 CPU_GEMMS = ("auto", "blas", "onednn")  # libraries for fp32 CPU products (model.layers.set_cpu_gemm)
@@ -17,30 +19,6 @@ DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
 KEEP_ALIVE_TIMEOUT = 5  # seconds an idle keep-alive connection stays open
 MIB = 2**20
-
-
-@dataclass
-class AutoConfig:
-    """Mode "auto"'s thresholds and the per-session drift budget (see directives/auto_mode.py)."""
-
-    # Calibrated with `leyline-bench fidelity --policies ...` (docs/perf/fidelity_policies.md)
-    # on the default model and its 12/18-layer stacks, sessions 0-1 (the docs report others).
-    forget_threshold: float = 8.0  # on the edit's drift: layer-1 change x (num_layers - 1)
-    # On the edit's drift x the attention the next turn pays it; None: never. Off by default: in
-    # the calibration a 32-row tail repair after every edit cost 0.034 of forget's recompute and
-    # bought next-turn top-1 +0.0003..+0.0014, while the same rows spent on an earlier drift-budget
-    # repair bought +0.002..+0.003 (a repair makes every row exact; a tail repair recomputes the
-    # tail against the stale rows before it).
-    repair_threshold: float | None = None
-    short_tail: int = 128  # at most this many tokens after the edit: forget (a repair would cost as much)
-    repair_tail: int = 32
-    signal_window: int = 64
-    attention_queries: int = 8  # newest positions whose layer-0 attention stands in for the next turn's
-    # In drift units (layer-1 change x (num_layers - 1)): deeper models pass it sooner. 14 from the
-    # calibration sessions of run 8's weights, the default model before run 9 (budgets 9/10/12/14 on
-    # the 18-layer stack cost 21.2/20.5/15.0/11.9% of forget's recompute at next-turn top-1
-    # 0.991/0.991/0.990/0.991; with 14 the 6- and 12-layer models keep 0.997 and 0.994).
-    drift_budget: float | None = 14.0
 
 
 @dataclass

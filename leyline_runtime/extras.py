@@ -26,8 +26,8 @@ class MissingExtra(ModuleNotFoundError):
 
     def __init__(self, extra: str, module: str, purpose: str):
         super().__init__(
-            f"{purpose} needs the '{extra}' extra ({module} is not installed): "
-            f"pip install '{DISTRIBUTION}[{extra}]'",
+            f"{purpose} needs the '{extra}' extra ({module} is not installed): from a checkout of the "
+            f"repository, pip install -e '.[{extra}]' ({DISTRIBUTION} is on no package index)",
             name=module,
         )
         self.extra = extra

@@ -1,7 +1,8 @@
 """The runtime: model, tokenizer, paged cache, sessions, directive executor.
 
-This is the one object the HTTP layer, the fidelity harness and the bench
-talk to. Every public method takes the caller's tenant: sessions live in a
+This is the one object the HTTP layer and the CLI drive; benches and tests
+reach its sessions through it and :mod:`.inspection`, never through its
+private state. Every public method takes the caller's tenant: sessions live in a
 per-tenant namespace, so a tenant can never name another tenant's session.
 Work on one session (appends, directive batches, generation) is serialised
 by that session's lock; different sessions never wait for each other, and
@@ -12,7 +13,6 @@ calls these methods from worker threads, off the event loop.
 
 from __future__ import annotations
 
-import codecs
 import threading
 import time
 import uuid
@@ -25,18 +25,16 @@ from pathlib import Path
 import torch
 
 from leyline_sdk.diff import apply_directives
-from leyline_sdk.errors import (
-    CapacityExceeded, RequestTooLarge, SessionExists, SessionNotFound,
-)
+from leyline_sdk.errors import CapacityExceeded, SessionExists, SessionNotFound
 from leyline_sdk.protocol import (
     AppendResult, Directive, DirectiveBatch, DirectiveResult, GenerateRequest, GenerateResponse, Message,
-    SessionCreate, SessionInfo, TokenLogprob, TopLogprob, Usage, check_version,
+    SessionCreate, SessionInfo, Usage, check_version,
 )
 
-from leyline_runtime.text import chat_template as tpl
+from leyline_runtime.admission import Admission
 from leyline_runtime.config import RuntimeConfig
 from leyline_runtime.directives.auto_mode import AutoMode
-from leyline_runtime.sessions.drift import DriftState
+from leyline_runtime.auto_rule import DriftState
 from leyline_runtime.engine.engine import Engine, Generation
 from leyline_runtime.directives.executor import DirectiveExecutor, Plan
 from leyline_runtime.engine.grammar import GrammarProcessor
@@ -47,6 +45,7 @@ from leyline_runtime.engine.sampling import LogitsProcessor
 from leyline_runtime.sessions.locks import KeyedLocks
 from leyline_runtime.sessions.session import Session
 from leyline_runtime.sessions.tenancy import Tenancy
+from leyline_runtime.text.replies import content_logprobs, reply_message
 from leyline_runtime.text.tokenizer import ChatTokenizer
 
 DEFAULT_TENANT = "default"
@@ -88,6 +87,7 @@ class Runtime:
         self.session_locks = KeyedLocks()
         self.max_positions = self.model.config.max_position_embeddings
         self.max_request_tokens = min(config.max_request_tokens or self.max_positions, self.max_positions)
+        self.admission = Admission(self.max_positions, self.max_request_tokens, config.block_size, num_blocks)
 
     # -- sessions ------------------------------------------------------------------
 
@@ -101,14 +101,19 @@ class Runtime:
         session = Session(sid, tenant, BlockTable(self.pool.block_size),
                           drift=DriftState(budget=self.config.auto.drift_budget))
         self._append(session, messages, tokens)
-        with self._lock:
-            if (tenant, sid) in self._sessions:  # a concurrent create won
-                self.blocks.release(session.table)
-                self._check_new(tenant, sid)
-            self._sessions[(tenant, sid)] = session
-            self._evicted.discard((tenant, sid))
-            session.last_used = time.monotonic()
+        self._register(session)
         return session
+
+    def _register(self, session: Session) -> None:
+        """Put a session whose rows are written into the map (its blocks go back if the id is taken)."""
+        key = (session.tenant, session.session_id)
+        with self._lock:
+            if key in self._sessions:  # a concurrent create won
+                self.blocks.release(session.table)
+                self._check_new(*key)
+            self._sessions[key] = session
+            self._evicted.discard(key)
+            session.last_used = time.monotonic()
 
     def get_session(self, session_id: str, tenant: str = DEFAULT_TENANT,
                     include_messages: bool = False) -> SessionInfo:
@@ -191,8 +196,8 @@ class Runtime:
             t0 = time.perf_counter()
             check_version(session.session_id, session.version, batch.expected_version)
             plan = self.executor.plan(session, batch.directives)
-            self._check_request_tokens(sum(len(toks) for e in plan.edits for toks in e.edit.tokens))
-            self._check_positions(len(plan.tokens))
+            self.admission.check_request_tokens(sum(len(toks) for e in plan.edits for toks in e.edit.tokens))
+            self.admission.check_positions(len(plan.tokens))
             with self._lock:
                 self._make_room(self._blocks_for_plan(session, plan)
                                 + self.auto.reserve_blocks(session, plan), session)
@@ -219,7 +224,7 @@ class Runtime:
         with self._hold(tenant, session_id) as session:
             check_version(session.session_id, session.version, request.expected_version)
             new_tokens = self._encode_new(request.messages)
-            self._check_generation_fits(session.num_tokens + sum(map(len, new_tokens)), request.max_tokens)
+            self.admission.check_generation(session.num_tokens + sum(map(len, new_tokens)), request.max_tokens)
             cached = session.num_tokens
             header = [self.tokenizer.role_ids["assistant"]]
             prefilled, first_logits = self._append(session, request.messages, new_tokens, then=header)
@@ -231,9 +236,10 @@ class Runtime:
             finish = "tool_calls" if message.tool_calls and gen.finish_reason == "stop" else gen.finish_reason
             if any(isinstance(p, GrammarProcessor) and p.closing for p in processors or []):
                 finish = "length"  # the grammar closed the reply early: the budget ended it
+            logprobs = (content_logprobs(self.tokenizer, gen.tokens, gen.logprobs, message.content)
+                        if request.logprobs else None)
             return GenerateResponse(session_id=session_id, message=message, finish_reason=finish, usage=usage,
-                                    logprobs=self._logprobs(gen, message.content) if request.logprobs else None,
-                                    version=session.version)
+                                    logprobs=logprobs, version=session.version)
 
     # -- internals -----------------------------------------------------------------
 
@@ -246,42 +252,19 @@ class Runtime:
         session.last_used = time.monotonic()
         return session
 
-    def _check_positions(self, num_tokens: int) -> None:
-        if num_tokens > self.max_positions:
-            raise CapacityExceeded(f"{num_tokens} tokens exceed the model's context of {self.max_positions}")
-
     def _check_new(self, tenant: str, session_id: str) -> None:
         if (tenant, session_id) in self._sessions:
             raise SessionExists(f"session {session_id} already exists")
 
     def _encode_new(self, messages: list[Message]) -> list[list[int]]:
         new_tokens = self.tokenizer.encode_messages(messages)
-        self._check_request_tokens(sum(map(len, new_tokens)))
+        self.admission.check_request_tokens(sum(map(len, new_tokens)))
         return new_tokens
-
-    def _check_request_tokens(self, num_tokens: int) -> None:
-        if num_tokens > self.max_request_tokens:
-            raise RequestTooLarge(f"this request adds {num_tokens} tokens; this server takes at most "
-                                  f"{self.max_request_tokens} per request (--max-request-tokens)")
-
-    def _too_big(self, blocks: int) -> None:
-        bs = self.pool.block_size
-        raise CapacityExceeded(f"this request needs {blocks * bs} cache tokens for its session in all (its "
-                               f"history, the new tokens and room for the reply); the cache holds "
-                               f"{self.pool.num_blocks * bs}")
-
-    def _check_generation_fits(self, prompt_tokens: int, max_tokens: int) -> None:
-        """Before anything changes: the prompt plus its reply budget fit the context and the cache."""
-        self._check_positions(prompt_tokens + 1)  # + the assistant header
-        need = self.pool.blocks_for(min(prompt_tokens + 1 + max_tokens + 1, self.max_positions))
-        if need > self.pool.num_blocks:
-            self._too_big(need)
 
     def check_generation(self, prompt_tokens: int, max_tokens: int, new_tokens: int = 0) -> None:
         """Raise what :meth:`generate` would raise for a prompt of ``prompt_tokens`` (``new_tokens`` of them
         new) before changing anything (the chat service calls it before it edits or rebuilds a session)."""
-        self._check_request_tokens(new_tokens)
-        self._check_generation_fits(prompt_tokens, max_tokens)
+        self.admission.check_generation(prompt_tokens, max_tokens, new_tokens)
 
     def edited_length(self, session_id: str, tenant: str, directives: list) -> int:
         """Tokens the session would hold after ``directives`` (validates them; changes nothing)."""
@@ -309,8 +292,7 @@ class Runtime:
         """Evict idle sessions, least recently used first, until ``blocks`` are free (call under ``_lock``)."""
         if blocks <= self.pool.num_free:
             return
-        if blocks > self.pool.num_blocks - len(session.table.blocks):
-            self._too_big(len(session.table.blocks) + blocks)
+        self.admission.check_blocks(len(session.table.blocks) + blocks)
         for victim in self.tenancy.victims(self._sessions.values(), session):
             if blocks <= self.pool.num_free:
                 break
@@ -328,18 +310,19 @@ class Runtime:
         return max(0, self.pool.blocks_for(len(plan.tokens)) - keep)
 
     def _grow(self, session: Session, num_tokens: int) -> None:
-        self._check_positions(num_tokens)
+        self.admission.check_positions(num_tokens)
         with self._lock:
             self._make_room(self.pool.blocks_for(num_tokens) - len(session.table.blocks), session)
             self.blocks.reserve(session.table, num_tokens)
 
     def _append(self, session: Session, messages: list[Message], new_tokens: list[list[int]] | None = None,
-                then: list[int] | None = None) -> tuple[int, torch.Tensor | None]:
+                then: list[int] | None = None, logits: str = "last") -> tuple[int, torch.Tensor | None]:
         """Prefill only the new messages (``new_tokens``: already encoded); -> (tokens prefilled,
-        logits after ``then``).
+        logits).
 
         ``then`` (the next message's header) is prefilled in the same engine
-        step, past the committed tokens, and its logits returned.
+        step, past the committed tokens; the logits returned are its last
+        position's (``logits="last"``) or every prefilled position's (``"all"``).
         """
         if not messages:
             return 0, None
@@ -350,7 +333,7 @@ class Runtime:
         self._grow(session, start + len(flat) + len(then or []))
         try:
             logits = self.engine.prefill(session.table, flat + list(then or []), start,
-                                         logits="last" if then else "none")
+                                         logits=logits if then else "none")
         except BaseException:
             self.blocks.trim(session.table, start)
             raise
@@ -392,7 +375,7 @@ class Runtime:
             gen = self.engine.decode(session.table, start + 1, logits, request, {self.tokenizer.end_id},
                                      self.max_positions - 1, decode_text=self.tokenizer.decode,
                                      on_token=on_token, processors=processors)
-            message, tokens = self._finish_message(session, gen)
+            message, tokens = reply_message(self.tokenizer, gen.tokens, gen.stop_string)
             written = [header, *gen.tokens[:-1]]
             common = 0
             while common < min(len(written), len(tokens)) and written[common] == tokens[common]:
@@ -411,41 +394,3 @@ class Runtime:
             session.version += 1
         self._tally(session, prefilled=1, reused=start)  # the assistant header
         return message, gen
-
-    def _finish_message(self, session: Session, gen: Generation) -> tuple[Message, list[int]]:
-        header = self.tokenizer.role_ids["assistant"]
-        ended = bool(gen.tokens) and gen.tokens[-1] == self.tokenizer.end_id and gen.stop_string is None
-        body_ids = gen.tokens[:-1] if ended else gen.tokens
-        # call ids are random, so they stay unique in a thread whose session is rebuilt
-        parsed = tpl.parse_assistant_tokens(body_ids, self.tokenizer.decode, self.tokenizer.tool_call_id,
-                                            self.tokenizer.end_tool_call_id, stop=gen.stop_string)
-        message = Message(role="assistant", content=parsed.content, tool_calls=parsed.tool_calls or None)
-        if ended and not parsed.malformed:
-            return message, [header, *gen.tokens]  # generated tokens are canonical
-        return message, self.tokenizer.encode_message(message)
-
-    def _logprobs(self, gen: Generation, content: str) -> list[TokenLogprob]:
-        """One entry per token of ``content``, as at OpenAI: their texts join to it, their bytes to its UTF-8.
-
-        Markup (tool calls, the end marker) is not content and has no entry; a token that runs past a
-        stop string is cut where the content ends. A token holding only part of a character has
-        the text "" and its bytes; the token that completes the character carries it.
-        """
-        tokenizer = self.tokenizer
-        wanted = content.encode("utf-8")
-        text = codecs.getincrementaldecoder("utf-8")()
-        out, done, in_call = [], 0, False
-        for tok, (lp, tops) in zip(gen.tokens, gen.logprobs):
-            if tok in (tokenizer.tool_call_id, tokenizer.end_tool_call_id):
-                in_call = tok == tokenizer.tool_call_id
-            if in_call or tok in tokenizer.control_ids:
-                continue
-            raw = tokenizer.token_bytes(tok)[:len(wanted) - done]
-            if not raw or wanted[done:done + len(raw)] != raw:
-                break  # the content ended (a stop string), or it is not these tokens' bytes
-            done += len(raw)
-            out.append(TokenLogprob(
-                token=text.decode(raw, final=done == len(wanted)), logprob=lp, bytes=list(raw),
-                top_logprobs=[TopLogprob(token=tokenizer.token_text(t), logprob=v, bytes=list(tokenizer.token_bytes(t)))
-                              for t, v in tops]))
-        return out

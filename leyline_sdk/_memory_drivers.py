@@ -1,7 +1,12 @@
-"""Drivers of a :class:`~._memory_flow.SyncFlow`: they make its calls with the sync or the async client.
+"""The two drivers of a :class:`~._memory_flow.SyncFlow`: :class:`SyncDriver` and :class:`AsyncDriver`.
 
-With ``stream`` the generate is streamed and its text deltas are yielded as they come; once text
-went out an error is raised as is (no recovery can take it back).
+A flow yields requests (:mod:`._memory_requests`); a driver makes each one with its client and sends
+the answer back into the flow, or throws the :class:`~.errors.LeylineError` in (the flow's recovery
+decides what an error means). The two are twins, as httpx's and openai-python's clients are: same
+loop, one blocking, one awaiting.
+
+With ``stream`` a :class:`~._memory_requests.Generate` is streamed and its text deltas are yielded as
+they come; once text went out an error is raised as is (no recovery can take it back).
 """
 
 from __future__ import annotations
@@ -12,121 +17,134 @@ import threading
 from collections.abc import AsyncGenerator, AsyncIterator, Generator
 from typing import Any
 
-from ._memory_flow import Flow, Outcome, Req
+from ._memory_flow import Flow, Outcome
+from ._memory_requests import Generate, SessionRequest
 from ._streaming import StreamEvent
 from .client import AsyncLeylineClient, LeylineClient
 from .errors import LeylineError
 from .protocol import GenerateResponse
 
+__all__ = ["AsyncDriver", "SyncDriver", "held"]
 
-class Driver:
-    """The memory's clients, and the two ways of running a flow with them."""
 
-    def __init__(self, client: LeylineClient | None, async_client: AsyncLeylineClient | None) -> None:
+class SyncDriver:
+    """Runs flows with a :class:`LeylineClient`."""
+
+    def __init__(self, client: LeylineClient) -> None:
         self.client = client
-        self.async_client = async_client
-
-    def sync_client(self) -> LeylineClient:
-        if self.client is None:
-            raise TypeError("this LeylineMemory has only an async client; use the async methods "
-                            "(ainvoke/astream) or give it a LeylineClient")
-        return self.client
 
     def run(self, lock: threading.Lock, flow: Flow) -> Outcome:
+        """The flow's outcome, made while holding the thread's lock."""
         with lock:
             steps = self.drive(flow, stream=False)
-            while True:
-                try:
-                    next(steps)
-                except StopIteration as stop:
-                    return stop.value
+            try:
+                next(steps)
+            except StopIteration as done:
+                return done.value
+        raise AssertionError("a flow driven without streaming yields no text")
 
-    def drive(self, flow: Flow, stream: bool) -> Generator[str, None, Outcome]:
-        client = self.sync_client()
-        value: Any = None
+    def drive(self, flow: Flow, *, stream: bool) -> Generator[str, None, Outcome]:
+        """Make the flow's requests one by one; yields text deltas (``stream`` only), returns the outcome."""
+        answer: Any = None
         error: LeylineError | None = None
         streamed = False
         while True:
             try:
-                req = flow.throw(error) if error is not None else flow.send(value)
-            except StopIteration as stop:
-                return stop.value
+                request = flow.throw(error) if error is not None else flow.send(answer)
+            except StopIteration as done:
+                return done.value
             try:
-                if stream and req.method == "generate":
-                    for event in client.generate_stream(*req.args, **req.kwargs):
-                        if isinstance(event, GenerateResponse):
-                            value = event
-                        else:
-                            streamed = True
-                            yield event
+                if stream and isinstance(request, Generate):
+                    with request.stream(self.client) as events:
+                        for event in events:
+                            if isinstance(event, GenerateResponse):
+                                answer = event
+                            else:
+                                streamed = True
+                                yield event
                 else:
-                    value = getattr(client, req.method)(*req.args, **req.kwargs)
+                    answer = self.send(request)
                 error = None
             except LeylineError as exc:
                 if streamed:
                     raise  # text went out: no recovery can take it back
-                value, error = None, exc
+                answer, error = None, exc
 
-    @staticmethod
-    @contextlib.asynccontextmanager
-    async def locked(lock: threading.Lock) -> AsyncIterator[None]:
-        while not lock.acquire(blocking=False):  # a threading lock: sync callers hold it too
-            await asyncio.sleep(0.005)
-        try:
-            yield
-        finally:
-            lock.release()
+    def send(self, request: SessionRequest) -> Any:
+        return request.send(self.client)
 
-    async def arun(self, lock: threading.Lock, flow: Flow) -> Outcome:
-        async with self.locked(lock), contextlib.aclosing(self.adrive(flow, stream=False)) as steps:
-            async for event in steps:
-                if isinstance(event, Outcome):
-                    return event
+
+class AsyncDriver:
+    """Runs flows with an :class:`AsyncLeylineClient`, or with a :class:`LeylineClient` in a worker thread
+    (a memory given only a sync client still has working async methods)."""
+
+    def __init__(self, client: AsyncLeylineClient | LeylineClient) -> None:
+        self.client = client
+
+    async def run(self, lock: threading.Lock, flow: Flow) -> Outcome:
+        """The flow's outcome, made while holding the thread's lock."""
+        async with held(lock), contextlib.aclosing(self.drive(flow, stream=False)) as steps:
+            async for step in steps:
+                if isinstance(step, Outcome):
+                    return step
         raise AssertionError("the flow ended without an outcome")
 
-    async def adrive(self, flow: Flow, stream: bool) -> AsyncGenerator[str | Outcome, None]:
-        """:meth:`drive`, async: yields the deltas, then the flow's outcome."""
-        value: Any = None
+    async def drive(self, flow: Flow, *, stream: bool) -> AsyncGenerator[str | Outcome, None]:
+        """:meth:`SyncDriver.drive`, async: yields the text deltas, then the flow's outcome
+        (an async generator cannot return a value)."""
+        answer: Any = None
         error: LeylineError | None = None
         streamed = False
         while True:
             try:
-                req = flow.throw(error) if error is not None else flow.send(value)
-            except StopIteration as stop:
-                yield stop.value
+                request = flow.throw(error) if error is not None else flow.send(answer)
+            except StopIteration as done:
+                yield done.value
                 return
             try:
-                if stream and req.method == "generate":
-                    async for event in self._agenerate_stream(req):
+                if stream and isinstance(request, Generate):
+                    async for event in self._stream(request):
                         if isinstance(event, GenerateResponse):
-                            value = event
+                            answer = event
                         else:
                             streamed = True
                             yield event
                 else:
-                    value = await self.call_async(req)
+                    answer = await self.send(request)
                 error = None
             except LeylineError as exc:
                 if streamed:
-                    raise
-                value, error = None, exc
+                    raise  # text went out: no recovery can take it back
+                answer, error = None, exc
 
-    async def _agenerate_stream(self, req: Req) -> AsyncIterator[StreamEvent]:
-        if self.async_client is not None:
-            async for event in self.async_client.generate_stream(*req.args, **req.kwargs):
-                yield event
+    async def send(self, request: SessionRequest) -> Any:
+        if isinstance(self.client, AsyncLeylineClient):
+            return await request.asend(self.client)
+        return await asyncio.to_thread(request.send, self.client)
+
+    async def _stream(self, request: Generate) -> AsyncIterator[StreamEvent]:
+        if isinstance(self.client, AsyncLeylineClient):
+            async with request.astream(self.client) as events:
+                async for event in events:
+                    yield event
             return
-        # only a sync client: stream it from a worker thread
-        events = self.sync_client().generate_stream(*req.args, **req.kwargs)
+        with request.stream(self.client) as sync_events:  # each blocking read in a worker thread
 
-        def step() -> StreamEvent | None:
-            return next(events, None)
+            def step() -> StreamEvent | None:
+                return next(sync_events, None)
 
-        while (item := await asyncio.to_thread(step)) is not None:
-            yield item
+            while (item := await asyncio.to_thread(step)) is not None:
+                yield item
 
-    async def call_async(self, req: Req) -> Any:
-        if self.async_client is not None:
-            return await getattr(self.async_client, req.method)(*req.args, **req.kwargs)
-        method = getattr(self.sync_client(), req.method)
-        return await asyncio.to_thread(method, *req.args, **req.kwargs)
+
+@contextlib.asynccontextmanager
+async def held(lock: threading.Lock) -> AsyncIterator[None]:
+    """Hold a thread's lock from async code without blocking the event loop.
+
+    A ``threading.Lock``, not an ``asyncio.Lock``: sync calls on the same memory hold it too."""
+    while not lock.acquire(blocking=False):
+        await asyncio.sleep(0.005)
+    try:
+        yield
+    finally:
+        lock.release()

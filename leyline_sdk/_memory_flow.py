@@ -1,10 +1,10 @@
 """The synchronisation flow of one LeylineMemory call, sans-I/O.
 
-:class:`SyncFlow` is a generator of :class:`Req` (the client calls it wants
-made); a driver (:mod:`._memory_drivers`) makes them with the sync or the async
-client and sends back each answer, or throws its error in. So the steps
-(adopt, build, plan, apply, append, generate) and their recovery are written
-once for both clients.
+:class:`SyncFlow` is a generator of requests (:mod:`._memory_requests`: the
+client calls it wants made, one class each); a driver (:mod:`._memory_drivers`)
+makes them with the sync or the async client and sends back each answer, or
+throws its error in. So the steps (adopt, build, plan, apply, append, generate)
+and their recovery are written once for both clients.
 """
 
 from __future__ import annotations
@@ -15,6 +15,15 @@ from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from ._memory_requests import (
+    Append,
+    ApplyDirectives,
+    CreateSession,
+    DeleteSession,
+    Generate,
+    GetSession,
+    SessionRequest,
+)
 from ._memory_stats import CallStats, EditRecord
 from .batch_plan import BatchPlan, plan_batch
 from .diff import apply_directives
@@ -28,7 +37,7 @@ from .errors import (
     SessionNotFound,
     VersionConflict,
 )
-from .policy import EditContext, ModePolicy, default_policy, explain_edit
+from .policy import EditContext, EditReason, ModePolicy, default_policy, explain_edit
 from .protocol import (
     AppendResult,
     Directive,
@@ -46,7 +55,7 @@ Op = Literal["defer", "append", "generate"]
 # runtime refused a batch ("invalid_directive"); the edit needed more directives than a batch
 # carries ("too_many_edits").
 SESSION_NOT_FOUND = "session_not_found"
-Flow = Generator["Req", Any, "Outcome"]
+Flow = Generator[SessionRequest, Any, "Outcome"]
 
 
 @dataclass
@@ -77,6 +86,9 @@ class ThreadState:
     version: int | None = None
     missing: bool = False  # known to be gone: build it without asking
     built_once: bool = False
+    # this memory changed the session (built, edited, appended to or generated in it); until it does,
+    # an adopted session holds only what an earlier run of the thread (or another process) left there
+    written: bool = False
     # why the session this memory knew is gone (the next build is a rebuild, named by it)
     lost_reason: str | None = None
     pending: Pending = field(default_factory=Pending)
@@ -88,15 +100,6 @@ class ThreadState:
 
     def stale(self) -> None:
         self.shadow, self.version = None, None
-
-
-@dataclass
-class Req:
-    """One client call the synchronisation flow wants made (sans-I/O)."""
-
-    method: str
-    args: tuple[Any, ...] = ()
-    kwargs: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -166,11 +169,11 @@ class SyncFlow:
         raise LeylineError(
             f"could not bring session {th.session_id} in step after {self.max_attempts} attempts")
 
-    def _adopt(self) -> Generator[Req, Any, None]:
+    def _adopt(self) -> Generator[SessionRequest, Any, None]:
         """Known to the runtime but not to us (new process, conflict): adopt its messages."""
         th = self.th
         try:
-            info = yield Req("get_session", (th.session_id,), {"include_messages": True})
+            info = yield GetSession(th.session_id, include_messages=True)
         except SessionNotFound:
             if self.create_error is not None:
                 raise self.create_error from None  # the create was refused for its content
@@ -181,15 +184,12 @@ class SyncFlow:
             th.shadow, th.version, th.missing = list(info.messages or []), info.version, False
             th.pending.resyncs += 1
 
-    def _build(self, target: list[Message]) -> Generator[Req, Any, bool]:
+    def _build(self, target: list[Message]) -> Generator[SessionRequest, Any, bool]:
         th, p = self.th, self.th.pending
         # A rebuild names its reason, to the server too (X-Leyline-Rebuild: counted per replica).
         reason = th.lost_reason or (SESSION_NOT_FOUND if th.built_once else None)
-        options: dict[str, Any] = {"session_id": th.session_id}
-        if reason is not None:
-            options["rebuild_reason"] = reason
         try:
-            info = yield Req("create_session", (target,), options)
+            info = yield CreateSession(th.session_id, target, rebuild_reason=reason)
         except (SessionExists, InvalidDirective) as exc:  # created meanwhile by someone else? adopt it
             th.missing, self.create_error = False, exc
             return False
@@ -200,16 +200,16 @@ class SyncFlow:
         if reason is not None:
             p.rebuilds += 1
             p.rebuild_reasons.append(reason)
-        th.built_once = True
+        th.built_once = th.written = True
         return True
 
-    def _drop(self, reason: str) -> Generator[Req, Any, None]:
+    def _drop(self, reason: str) -> Generator[SessionRequest, Any, None]:
         """Delete the session, so the next attempt builds it from the view."""
         with contextlib.suppress(SessionNotFound):
-            yield Req("delete_session", (self.th.session_id,))
+            yield DeleteSession(self.th.session_id)
         self.th.lost(reason)
 
-    def _apply(self, plan: BatchPlan, target: list[Message]) -> Generator[Req, Any, None]:
+    def _apply(self, plan: BatchPlan, target: list[Message]) -> Generator[SessionRequest, Any, None]:
         th = self.th
         assert th.shadow is not None
         directives, local = plan.directives, plan.local
@@ -222,40 +222,41 @@ class SyncFlow:
         if k > min(d.span.start for d in directives):
             # Messages equal up to k although the diff edits earlier (duplicates):
             # a prefix cache reuses them; find their tokens in the segment table.
-            seg_info: SessionInfo = yield from self._call(Req("get_session", (th.session_id,)))
+            seg_info: SessionInfo = yield from self._call(GetSession(th.session_id))
             prefix_floor = segment_offset(seg_info, k)
         try:
             result: DirectiveResult = yield from self._call(
-                Req("apply", (th.session_id, directives), {"expected_version": th.version}))
+                ApplyDirectives(th.session_id, directives, expected_version=th.version))
         except InvalidDirective:
             # The runtime refuses this batch: start the session afresh from the view.
             yield from self._drop("invalid_directive")
             raise _Retry from None
-        record(th.pending, th.shadow, directives, result, prefix_floor, explain=self.policy is default_policy)
+        record(th.pending, th.shadow, directives, result, prefix_floor, explain=self.policy is default_policy,
+               inherited=not th.written)
         self.sent.extend(directives)
         th.shadow = apply_directives(th.shadow, [*directives, *local])
-        th.version = result.version
+        th.version, th.written = result.version, True
 
-    def _append(self, tail: list[Message]) -> Generator[Req, Any, None]:
+    def _append(self, tail: list[Message]) -> Generator[SessionRequest, Any, None]:
         th = self.th
         if not tail:
             return
         appended: AppendResult = yield from self._call(
-            Req("append", (th.session_id, tail), {"expected_version": th.version}))
+            Append(th.session_id, tail, expected_version=th.version))
         th.pending.prefilled += appended.usage.prefill_tokens
         th.pending.first_mutation(appended.usage.cached_tokens)
         th.shadow = [*(th.shadow or []), *tail]
-        th.version = appended.version
+        th.version, th.written = appended.version, True
 
     def _generate(self, tail: list[Message], sampling: Mapping[str, Any] | None,
                   message_id: str | None) -> Flow:
         th = self.th
         response: GenerateResponse = yield from self._call(
-            Req("generate", (th.session_id, tail), {"expected_version": th.version, **(sampling or {})}))
+            Generate(th.session_id, tail, expected_version=th.version, sampling=dict(sampling or {})))
         message = response.message.model_copy(update={"id": message_id})
         response = response.model_copy(update={"message": message})
         th.shadow = [*(th.shadow or []), *tail, message]
-        th.version = response.version
+        th.version, th.written = response.version, True
         usage = response.usage
         th.pending.prefilled += usage.prefill_tokens
         th.pending.first_mutation(usage.cached_tokens)
@@ -264,10 +265,10 @@ class SyncFlow:
             self.on_call(call, th.shadow[:-1])
         return Outcome(self.sent, tail, response, call)
 
-    def _call(self, req: Req) -> Generator[Req, Any, Any]:
+    def _call(self, request: SessionRequest) -> Generator[SessionRequest, Any, Any]:
         """One call on the session: a lost session or a stale version retries the flow."""
         try:
-            return (yield req)
+            return (yield request)
         except SessionNotFound:
             # restarted, evicted, deleted, or (behind a router) a replica that never had it
             self.th.lost(SESSION_NOT_FOUND)
@@ -295,18 +296,25 @@ def with_tools(view: list[Message], shadow: list[Message] | None) -> list[Messag
 
 
 def record(p: Pending, old: list[Message], directives: list[Directive], result: DirectiveResult,
-           prefix_floor: int, *, explain: bool) -> None:
-    """Count a batch the runtime applied into the call's pending statistics."""
+           prefix_floor: int, *, explain: bool, inherited: bool) -> None:
+    """Count a batch the runtime applied into the call's pending statistics.
+
+    ``inherited``: ``old`` is a session this memory adopted and has not written to yet."""
     outcomes: list[DirectiveOutcome] = result.outcomes
     ordered = sorted(zip(directives, outcomes), key=lambda pair: pair[0].span.start)
     p.directives += len(directives)
     for d, o in ordered:
-        reason = None
+        reason: EditReason | None = None
         if explain:
             reason = explain_edit(EditContext(
                 old_messages=tuple(old[d.span.start:d.span.end]),
                 new_messages=tuple(d.replacement),  # type: ignore[arg-type]
                 start=d.span.start, total_messages=len(old)))[1]
+            if inherited and reason in ("user_correction", "retraction"):
+                # The turns this drops were never this memory's: an earlier run of the thread left them
+                # (a script run twice, a restarted process starting its conversation over). Forget, as
+                # the rule says, but named for what it is, not as the user correcting themselves.
+                reason = "rerun"
         p.edits.append(EditRecord(
             start=d.span.start, end=d.span.end, replacement=len(d.replacement),
             requested_mode=o.requested_mode, applied_mode=o.applied_mode,

@@ -22,7 +22,9 @@ class EditRecord:
     token_start: int
     token_end: int
     delta: int
-    reason: str | None = None  # the default policy's rule (None under another policy)
+    # the default policy's rule (None under another policy); "rerun" when it dropped turns an earlier run
+    # of the thread left in the session (policy.EditReason)
+    reason: str | None = None
 
 
 @dataclass

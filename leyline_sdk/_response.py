@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 import httpx
 import pydantic
 
+from ._config import API_KEY_ENV
 from .errors import APIStatusError, LeylineError, error_for
 
 ModelT = TypeVar("ModelT", bound=pydantic.BaseModel)
@@ -39,7 +40,21 @@ def error_from_response(response: httpx.Response) -> LeylineError:
             code, message = error["code"], str(error.get("message", message))
         elif "detail" in body:  # a FastAPI default error body
             message = str(body["detail"])
+    if response.status_code == 401 and not _sent_a_key(response):
+        message = f"{message} ({NO_KEY_HINT})"
     return error_for(code, message, response.status_code, response=response, body=body)
+
+
+# The server can only say which header is missing; an SDK user sets the key where the SDK reads it.
+NO_KEY_HINT = f"this client sent no API key: set {API_KEY_ENV}, or pass api_key="
+
+
+def _sent_a_key(response: httpx.Response) -> bool:
+    try:
+        request = response.request
+    except RuntimeError:  # a response built by hand, never sent: nothing to say about its request
+        return True
+    return "authorization" in request.headers
 
 
 def model_parser(model: type[ModelT]) -> Callable[[httpx.Response], ModelT]:

@@ -41,8 +41,9 @@ from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from ._calls import GENERATE_OPTIONS
-from ._memory_drivers import Driver
-from ._memory_flow import Flow, Op, Outcome, Req, SyncFlow, ThreadState
+from ._memory_drivers import AsyncDriver, SyncDriver, held
+from ._memory_flow import Flow, Op, Outcome, SyncFlow, ThreadState
+from ._memory_requests import DeleteSession
 from ._memory_stats import CallStats, EditRecord, ThreadStats, TokenTally
 from ._streaming import StreamEvent
 from .client import AsyncLeylineClient, LeylineClient
@@ -142,13 +143,13 @@ class LeylineMemory:
         """Delete the thread's runtime session and its local state."""
         th = self._thread(thread_id)
         with contextlib.suppress(SessionNotFound):
-            self._driver.sync_client().delete_session(th.session_id)
+            self._sync_driver().send(DeleteSession(th.session_id))
         self.forget_thread(thread_id)
 
     async def areset(self, thread_id: str) -> None:
         th = self._thread(thread_id)
         with contextlib.suppress(SessionNotFound):
-            await self._driver.call_async(Req("delete_session", (th.session_id,)))
+            await self._async_driver().send(DeleteSession(th.session_id))
         self.forget_thread(thread_id)
 
     # -- synchronising ----------------------------------------------------------------
@@ -172,8 +173,8 @@ class LeylineMemory:
         the view has no tools message of its own; keep the session's.
         """
         op: Op = "append" if append_tail else "defer"
-        out = self._driver.run(self._thread(thread_id).lock,
-                               self._flow(thread_id, view, op=op, create=create, keep_tools=keep_tools_message))
+        out = self._sync_driver().run(self._thread(thread_id).lock, self._flow(
+            thread_id, view, op=op, create=create, keep_tools=keep_tools_message))
         return out.directives, out.tail
 
     async def async_sync(
@@ -186,8 +187,8 @@ class LeylineMemory:
         keep_tools_message: bool = False,
     ) -> tuple[list[Directive], list[Message]]:
         op: Op = "append" if append_tail else "defer"
-        out = await self._driver.arun(self._thread(thread_id).lock,
-                                      self._flow(thread_id, view, op=op, create=create, keep_tools=keep_tools_message))
+        out = await self._async_driver().run(self._thread(thread_id).lock, self._flow(
+            thread_id, view, op=op, create=create, keep_tools=keep_tools_message))
         return out.directives, out.tail
 
     def generate(
@@ -203,7 +204,7 @@ class LeylineMemory:
         The returned message carries ``message_id`` (the id the caller will give
         it, e.g. the LangChain message id), and so does the shadow.
         """
-        out = self._driver.run(self._thread(thread_id).lock, self._flow(
+        out = self._sync_driver().run(self._thread(thread_id).lock, self._flow(
             thread_id, view, op="generate", sampling=_sampling(sampling), message_id=message_id))
         assert out.response is not None
         return out.response
@@ -216,7 +217,7 @@ class LeylineMemory:
         message_id: str | None = None,
         **sampling: Any,
     ) -> GenerateResponse:
-        out = await self._driver.arun(self._thread(thread_id).lock, self._flow(
+        out = await self._async_driver().run(self._thread(thread_id).lock, self._flow(
             thread_id, view, op="generate", sampling=_sampling(sampling), message_id=message_id))
         assert out.response is not None
         return out.response
@@ -237,8 +238,9 @@ class LeylineMemory:
         streamed; an error after the first delta is raised as is.
         """
         flow = self._flow(thread_id, view, op="generate", sampling=_sampling(sampling), message_id=message_id)
+        driver = self._sync_driver()
         with self._thread(thread_id).lock:
-            out = yield from self._driver.drive(flow, stream=True)
+            out = yield from driver.drive(flow, stream=True)
         assert out.response is not None
         yield out.response
 
@@ -252,9 +254,9 @@ class LeylineMemory:
     ) -> AsyncIterator[StreamEvent]:
         """:meth:`generate_stream`, async."""
         flow = self._flow(thread_id, view, op="generate", sampling=_sampling(sampling), message_id=message_id)
-        driver = self._driver
-        async with driver.locked(self._thread(thread_id).lock), \
-                contextlib.aclosing(driver.adrive(flow, stream=True)) as steps:
+        driver = self._async_driver()
+        async with held(self._thread(thread_id).lock), \
+                contextlib.aclosing(driver.drive(flow, stream=True)) as steps:
             async for event in steps:
                 if isinstance(event, Outcome):
                     assert event.response is not None
@@ -280,9 +282,18 @@ class LeylineMemory:
 
     # -- the flow (one implementation, driven sync or async: _memory_flow, _memory_drivers) ----
 
-    @property
-    def _driver(self) -> Driver:
-        return Driver(self.client, self.async_client)
+    def _sync_driver(self) -> SyncDriver:
+        if self.client is None:
+            raise TypeError("this LeylineMemory has only an AsyncLeylineClient: sync calls (generate, sync, "
+                            "LangChain's invoke/stream) need LeylineMemory(LeylineClient()); or call the async "
+                            "ones (agenerate, LangChain's ainvoke/astream)")
+        return SyncDriver(self.client)
+
+    def _async_driver(self) -> AsyncDriver:
+        # no async client: the sync one, each call in a worker thread
+        client = self.async_client if self.async_client is not None else self.client
+        assert client is not None  # __init__ makes a LeylineClient when given neither
+        return AsyncDriver(client)
 
     def _thread(self, thread_id: str) -> ThreadState:
         with self._lock:

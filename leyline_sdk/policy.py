@@ -29,10 +29,14 @@ __all__ = [
     "force_mode",
 ]
 
+# The rule that decided an edit's mode. explain_edit answers all but "rerun": LeylineMemory's name for a
+# user_correction or retraction of turns an earlier run of the thread left in a session it adopted
+# (CallStats.edits); it is forgotten all the same.
 EditReason = Literal[
     "instruction_edit",
     "user_correction",
     "retraction",
+    "rerun",
     "tool_output_edit",
     "tool_attempt_edit",
     "insertion",

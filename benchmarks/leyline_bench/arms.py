@@ -18,8 +18,9 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from leyline_sdk.protocol import Directive, DirectiveBatch, GenerateRequest, Message, SessionCreate
+from leyline_sdk.protocol import Directive, DirectiveBatch, Message, SessionCreate
 
+from leyline_runtime.inspection import Inspector
 from leyline_runtime.runtime import Runtime
 
 TENANT = "__fidelity__"
@@ -70,30 +71,13 @@ def compare(ref: torch.Tensor, other: torch.Tensor) -> ArmComparison:
 
 
 def next_token_logits(runtime: Runtime, session_id: str, tenant: str = TENANT) -> torch.Tensor:
-    """Logits after an assistant header, without changing the session."""
-    return _probe(runtime, session_id, 0, tenant)[0]
+    """Logits after an assistant header, without changing the session (in the harness's tenant unless told)."""
+    return Inspector(runtime).next_token_logits(session_id, tenant)
 
 
 def greedy_continuation(runtime: Runtime, session_id: str, max_tokens: int, tenant: str = TENANT) -> list[int]:
-    """Greedy tokens after an assistant header, without changing the session."""
-    return _probe(runtime, session_id, max_tokens, tenant)[1]
-
-
-def _probe(runtime: Runtime, session_id: str, max_tokens: int, tenant: str) -> tuple[torch.Tensor, list[int]]:
-    with runtime._lock:
-        session = runtime._get(tenant, session_id)
-        n = session.num_tokens
-        runtime._grow(session, n + 1 + max_tokens)
-        try:
-            logits = runtime.engine.prefill(session.table, [runtime.tokenizer.role_ids["assistant"]], n).clone()
-            tokens: list[int] = []
-            if max_tokens:
-                params = GenerateRequest(max_tokens=max_tokens, temperature=0.0)
-                tokens = runtime.engine.decode(session.table, n + 1, logits, params, set(),
-                                               runtime.max_positions).tokens
-            return logits, tokens
-        finally:
-            runtime.blocks.trim(session.table, n)
+    """Greedy tokens after an assistant header, without changing the session (in the harness's tenant unless told)."""
+    return Inspector(runtime).greedy_continuation(session_id, max_tokens, tenant)
 
 
 def run_arms(runtime: Runtime, history: list[Message], directives: list[Directive],

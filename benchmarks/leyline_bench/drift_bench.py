@@ -76,13 +76,14 @@ def run(args, log=print) -> dict:
                 f"{p} share {r['share']:.3f} top-1 {mean(r['next_top1']):.3f}" for p, r in records[-1]["runs"].items()))
         models[label] = {"folder": folder, "architecture": model.config.model_type, **_shape(model),
                          "summary": summarise(records), "sessions": records}
+    samples = {label: m.pop("sessions") for label, m in models.items()}
     result = {"benchmark": "drift", "settings": {
         "models": args.models, "sessions": args.sessions, "session_seed": args.session_seed, "edits": args.edits,
         "session_tokens": args.session_tokens, "auto": cfg.__dict__}, "models": models,
         "notes": ["Oracle: each model's transformers implementation, its per-layer cache edited as the connectors "
                   "do (rotary dims of every cached key rotated by delta with leyline_kernels).",
                   "JSD in nats against a fresh prefill of the edited history + the next turn."]}
-    payload = write_results(args.out, "drift", result, "leyline-bench drift", _markdown(models))
+    payload = write_results(args.out, "drift", result, "leyline-bench drift", _markdown(models), samples=samples)
     _plot(args.out, models)
     return payload
 

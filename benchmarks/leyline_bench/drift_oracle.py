@@ -14,7 +14,7 @@ the connectors do:
   (layer 0's rows are exact after the splice, so a pass over that window gives the layer-1 rows a
   forget would write), times ``num_layers - 1``: over ``forget_threshold`` forget, else add it to the
   session's drift and re-prefill from the earliest stale row once the drift passes the budget
-  (:class:`leyline_runtime.sessions.drift.DriftState`).
+  (:class:`leyline_runtime.auto_rule.DriftState`).
 
 The cache rows are what each architecture caches: a Llama model K and V per KV head (rotary: all
 ``head_dim`` dims of K, NeoX half-split); transformers' DeepSeek-V3 the MLA latent (``c_kv`` as
@@ -37,10 +37,9 @@ from dataclasses import dataclass, field
 import torch
 
 from leyline_kernels import delta_rotation_table, rotate_and_splice
-from leyline_runtime.config import AutoConfig
-from leyline_runtime.directives.auto_mode import moved_position, signal_choice, tail_is_short
+from leyline_runtime.auto_rule import AutoConfig, moved_position, signal_choice, tail_is_short
 from leyline_runtime.directives.executor import common_ends
-from leyline_runtime.sessions.drift import DriftState
+from leyline_runtime.auto_rule import DriftState
 from .policies import jsd_rows
 
 POLICIES = ("amortize", "forget", "auto")

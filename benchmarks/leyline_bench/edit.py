@@ -27,14 +27,13 @@ import gc
 
 import torch
 
-from leyline_kernels.rotate_and_splice_torch import CHUNK_ROWS
 from leyline_sdk.diff import apply_directives
 from leyline_sdk.protocol import DirectiveBatch, SessionCreate
 
+from leyline_runtime.inspection import Inspector
 from leyline_runtime.model import load_model
 from leyline_runtime.runtime import Runtime, RuntimeConfig
 from . import plots
-from .forking import fork_session
 from .histories import history_of_length, make_edit
 from .machine import runtime_info
 from .output import md_table, write_results
@@ -89,6 +88,7 @@ class EditCell:
 
     def __init__(self, runtime: Runtime, peer, base_id: str, history, peer_cache, spec, only=None):
         self.runtime, self.peer, self.base_id, self.spec = runtime, peer, base_id, spec
+        self.inspect = Inspector(runtime)
         self.only = only
         tok = runtime.tokenizer
         self.edited = apply_directives(history, [spec.directive])
@@ -122,30 +122,15 @@ class EditCell:
         while (suffix < min(len(self.old_ids), len(self.new_ids)) - self.keep
                and self.old_ids[-1 - suffix] == self.new_ids[-1 - suffix]):
             suffix += 1
-        return suffix + self.keep % self.runtime.pool.block_size
+        return suffix + self.keep % self.runtime.config.block_size
 
     def _copy(self) -> float:
-        pool = self.runtime.pool
-        n = self._moved_rows()
-        blocks = self.runtime.blocks.take(pool.blocks_for(n))
-        try:
-            table = self.runtime._sessions[(TENANT, self.base_id)].table
-            src = table.rows(len(self.old_ids) - n, len(self.old_ids))
-            dst = torch.tensor(blocks)[:, None] * pool.block_size + torch.arange(pool.block_size)
-            layers = torch.arange(pool.layout.num_layers)[:, None] * pool.rows_per_layer
-            src, dst = (layers + src).flatten(), (layers + dst.flatten()[:n]).flatten()
-            flat = pool.flat()
-
-            def copy() -> None:
-                for a in range(0, len(src), CHUNK_ROWS):
-                    flat.index_copy_(0, dst[a: a + CHUNK_ROWS], flat.index_select(0, src[a: a + CHUNK_ROWS]))
-
+        end = len(self.old_ids)
+        with self.inspect.scratch_row_copy(self.base_id, end - self._moved_rows(), end, TENANT) as copy:
             return timed(copy)[0]
-        finally:
-            self.runtime.blocks.release(blocks)
 
     def _apply(self, mode: str) -> float:
-        fork = fork_session(self.runtime, self.base_id, TENANT)
+        fork = self.inspect.fork(self.base_id, TENANT)  # an exact copy of the cached history, no prefill
         directive = self.spec.directive.model_copy(update={"mode": mode})
         try:
             seconds, result = timed(lambda: self.runtime.apply(
@@ -231,7 +216,7 @@ def run(args, log=print) -> dict:
     runtime = Runtime(RuntimeConfig(model_path=args.model, dtype=args.dtype,
                                     max_cache_tokens=4 * max(fits) + 256), model=model)
     if args.fragment_pool:
-        _fragment(runtime.pool)
+        Inspector(runtime).shuffle_free_blocks()
     skipped = [{"context": n, "note": f"skipped: exceeds the model's max_position_embeddings ({limit})"}
                for n in args.contexts if n > limit]
     with scratch_dir() as scratch:
@@ -250,12 +235,6 @@ def run(args, log=print) -> dict:
     payload = write_results(args.out, "edit", result, "leyline-bench edit", _markdown(cells, skipped))
     _plot(args.out, cells)
     return payload
-
-
-def _fragment(pool, seed: int = 0) -> None:
-    """Shuffle the pool's free list (bench only: runtime internals)."""
-    order = torch.randperm(len(pool._free), generator=torch.Generator().manual_seed(seed)).tolist()
-    pool._free = [pool._free[i] for i in order]
 
 
 def _notes(skipped, fragment_pool: bool = False) -> list[str]:

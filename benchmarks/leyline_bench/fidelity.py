@@ -20,7 +20,7 @@ from leyline_runtime.runtime import Runtime, RuntimeConfig
 from . import plots, policy_bench
 from .admission import IMPLICIT_TOKENS, judge
 from .machine import runtime_info
-from .output import fmt, md_table, write_results
+from .output import md_table, write_results
 from .stats import mean, median, ratio, timed
 from .workload import DEFAULT_OUT
 

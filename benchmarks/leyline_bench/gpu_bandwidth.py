@@ -167,5 +167,4 @@ def device_copy_gb_per_s(device: str, nbytes: int, reps: int) -> float:
     dst = torch.empty_like(src)
     dst.copy_(src)
     took = median([seconds(device, lambda: dst.copy_(src)) for _ in range(reps)])
-    del src, dst
     return 2 * nbytes / took / 1e9

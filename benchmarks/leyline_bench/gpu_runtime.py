@@ -80,6 +80,7 @@ def auto_edit():
 def _walk(device: str, dtype: str) -> dict:
     """Prefill, amortize, forget, auto and a fresh prefill on one runtime; the tensors to compare."""
     from leyline_sdk.protocol import Directive, DirectiveBatch, Message, SessionCreate, Span
+    from leyline_runtime.inspection import Inspector
     from leyline_runtime.runtime import Runtime, RuntimeConfig
 
     from .arms import TENANT, greedy_continuation, next_token_logits
@@ -90,15 +91,14 @@ def _walk(device: str, dtype: str) -> dict:
     amortize = Directive(span=Span(start=2, end=4))  # drop the failed attempt: the tail moves up
     out["amortize_mode"] = rt.apply(DirectiveBatch(session_id=sid, directives=[amortize]), TENANT) \
         .outcomes[0].applied_mode
-    session = rt._sessions[(TENANT, sid)]
-    out["amortize_rows"] = rt.pool.rows[:, session.table.rows(0, session.num_tokens)].cpu()
+    out["amortize_rows"] = Inspector(rt).cache_rows(sid, TENANT).cpu()
     out["amortize"] = next_token_logits(rt, sid)
     replacement = Message(role="user", content="What is the value of key db_port, plus 3?")
     forget = Directive(span=Span(start=1, end=2), replacement=[replacement], mode="forget")
     out["forget_mode"] = rt.apply(DirectiveBatch(session_id=sid, directives=[forget]), TENANT) \
         .outcomes[0].applied_mode
     out["forget"] = next_token_logits(rt, sid)
-    messages = list(rt._sessions[(TENANT, sid)].messages)
+    messages, _ = rt.session_messages(sid, TENANT)
     fresh = rt.create_session(SessionCreate(messages=messages), TENANT).session_id
     out["fresh"] = next_token_logits(rt, fresh)
     decision = rt.apply(DirectiveBatch(session_id=sid, directives=[auto_edit()]), TENANT).outcomes[0].auto

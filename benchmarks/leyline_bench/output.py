@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 from collections.abc import Sequence
@@ -66,11 +67,20 @@ def _runtime_line(rt: dict | None) -> str:
             f"{', fp32 products on ' + rt['cpu_gemm'] if rt.get('cpu_gemm') else ''}.\n")
 
 
-def write_results(out: str | Path, name: str, result: dict, title: str, body_md: str) -> dict:
-    """Write ``<out>/<name>.json`` and ``<out>/<name>.md``; returns the JSON payload."""
+def write_results(out: str | Path, name: str, result: dict, title: str, body_md: str,
+                  samples: dict | None = None) -> dict:
+    """Write ``<out>/<name>.json`` and ``<out>/<name>.md``; returns the JSON payload.
+
+    ``samples``: the per-sample records behind the summaries (per session, per edit), written apart to
+    ``<out>/<name>.samples.json.gz``, which git ignores: a run's summary is committed, its raw records are
+    regenerated with the command the summary names (they ran to megabytes per run)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     payload = {**provenance(), **result}
+    if samples is not None:
+        path = out / f"{name}.samples.json.gz"
+        path.write_bytes(gzip.compress(json.dumps(_clean(samples)).encode()))
+        payload["samples_file"] = path.name
     payload = _clean(payload)
     (out / f"{name}.json").write_text(json.dumps(payload, indent=2) + "\n")
     (out / f"{name}.md").write_text(md_header(title, payload) + "\n" + body_md.rstrip() + "\n")

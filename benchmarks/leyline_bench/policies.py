@@ -32,12 +32,10 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from leyline_sdk.protocol import Directive, DirectiveBatch, Message, SessionCreate
+from leyline_sdk.protocol import Directive, DirectiveBatch, SessionCreate
 
-from leyline_runtime.directives.auto_mode import AutoConfig
-from leyline_runtime.sessions.drift import DriftState
-from leyline_runtime.engine.kv_cache import BlockTable
-from leyline_runtime.model.batch import BatchLayout, _clip
+from leyline_runtime.auto_rule import AutoConfig
+from leyline_runtime.inspection import Inspector
 from leyline_runtime.runtime import Runtime
 from .edit_sessions import EditSession
 
@@ -95,63 +93,21 @@ def jsd_rows(p_logits: torch.Tensor, q_logits: torch.Tensor, chunk: int = 256) -
     return torch.cat(out).clamp_min(0.0)
 
 
-def _session(rt: Runtime, session_id: str):
-    return rt._get(TENANT, session_id)
-
-
-def append_scored(rt: Runtime, session_id: str, messages: list[Message]) -> torch.Tensor:
-    """Append ``messages`` to the session; logits of every appended position and of an assistant
-    header after them ([T + 1, vocab]). The header is not kept."""
-    with rt._lock:
-        s = _session(rt, session_id)
-        toks = rt.tokenizer.encode_messages(messages)
-        flat = [t for m in toks for t in m] + [rt.tokenizer.role_ids["assistant"]]
-        start = s.num_tokens
-        rt._grow(s, start + len(flat))
-        logits = rt.engine.prefill(s.table, flat, start, logits="all")
-        rt.blocks.trim(s.table, start + len(flat) - 1)
-        s.messages.extend(messages)
-        s.message_tokens.extend(toks)
-        s.version += 1
-        return logits
-
-
-def suffix_logits(rt: Runtime, session_id: str, start: int) -> torch.Tensor:
-    """Logits of positions ``start..`` re-queried through every layer against the session's rows
-    (each position, as a decode step, sees the cached rows of the positions before it and its own
-    fresh row); the cache is not written: the fresh rows go to scratch blocks."""
-    with rt._lock:
-        s = _session(rt, session_id)
-        n, model, pool = s.num_tokens, rt.model, rt.pool
-        scratch = rt.blocks.take(pool.blocks_for(n - start))
-        try:
-            cached = s.table.extents(n)
-            own = BlockTable(pool.block_size, scratch).rows(0, n - start).tolist()
-            ids = torch.tensor(s.tokens[start:], dtype=torch.long, device=rt.engine.device)
-            outs = []
-            for a in range(0, n - start, rt.engine.prefill_chunk):
-                b = min(a + rt.engine.prefill_chunk, n - start)
-                steps = [(start + i, 1, _clip(cached, start + i) + [(own[i], 1)]) for i in range(a, b)]
-                layout = BatchLayout.build(steps, list(range(b - a)), rt.engine.device)
-                outs.append(model.forward_batch(ids[a:b], pool.rows, layout))
-            return torch.cat(outs)
-        finally:
-            rt.blocks.release(scratch)
-
-
 # --- running one session under every policy ---------------------------------------------------
 
 
+def _recomputed(rt: Runtime, session_id: str) -> int:
+    return rt.get_session(session_id, TENANT).counters.recomputed_tokens
+
+
 def _apply(rt: Runtime, arm: Arm, step: int, directives: list[Directive]) -> None:
-    s = _session(rt, arm.session_id)
-    before = s.counters.recomputed_tokens
+    before = _recomputed(rt, arm.session_id)
     mode = arm.mode(step)
     batch = [d.model_copy(update={"mode": mode}) for d in directives]
-    every_forget = EVERY.match(arm.policy) and mode == "forget"
-    if every_forget:
-        arm.recomputed += _repair_before(rt, arm.session_id, batch)
+    if EVERY.match(arm.policy) and mode == "forget":
+        _repair_before(rt, arm.session_id, batch)
     result = rt.apply(DirectiveBatch(session_id=arm.session_id, directives=batch), TENANT)
-    arm.recomputed += s.counters.recomputed_tokens - before
+    arm.recomputed += _recomputed(rt, arm.session_id) - before  # the repair's rows and the batch's
     arm.first_change = min(o.token_start for o in result.outcomes)
     for o in result.outcomes:
         if o.auto is not None:
@@ -160,29 +116,24 @@ def _apply(rt: Runtime, arm: Arm, step: int, directives: list[Directive]) -> Non
             if o.auto.layer1_change is not None:
                 arm.signals.append(o.auto.layer1_change)
                 arm.attention.append(o.auto.attention)
-    if every_forget:
-        s.drift = DriftState(budget=s.drift.budget)  # exact again: see _repair_before
 
 
-def _repair_before(rt: Runtime, session_id: str, batch: list[Directive]) -> int:
+def _repair_before(rt: Runtime, session_id: str, batch: list[Directive]) -> None:
     """Before a forget-every-N forget: recompute the rows from the earliest position an earlier
     amortized edit touched up to where the forget begins (the forget recomputes the rest), so the
-    session equals a fresh prefill at the cost of one re-prefill from the earliest drift; returns
-    the rows."""
-    with rt._lock:
-        s = _session(rt, session_id)
-        start = s.drift.earliest
-        end = rt.executor.plan(s, batch).first_change
-        if start is None or start >= end:
-            return 0
-        rt.executor.recompute(s, start, end)
-        return end - start
+    session equals a fresh prefill at the cost of one re-prefill from the earliest drift, and its
+    drift record says so."""
+    inspect = Inspector(rt)
+    start = rt.get_session(session_id, TENANT).drift.earliest_position
+    if start is not None:
+        inspect.recompute(session_id, start, inspect.first_change(session_id, batch, TENANT), TENANT)
 
 
 def run_session(rt: Runtime, session: EditSession, policies: list[str], whole_suffix: bool = True) -> dict:
     arms = {p: Arm(p, rt.create_session(SessionCreate(messages=session.history), TENANT).session_id)
             for p in policies}
     ref = arms["forget"]
+    inspect = Inspector(rt)
     first_edit = None
     decisive: list[bool] = []  # per next-turn position: R's top-1 leads its second by >= DECISIVE
     try:
@@ -191,7 +142,7 @@ def run_session(rt: Runtime, session: EditSession, policies: list[str], whole_su
                 _apply(rt, arm, k, step.directives)
             # positions before the earliest edit so far never changed, in any session
             first_edit = ref.first_change if first_edit is None else min(first_edit, ref.first_change)
-            logits = {p: append_scored(rt, a.session_id, step.next_turn) for p, a in arms.items()}
+            logits = {p: inspect.append_scored(a.session_id, step.next_turn, TENANT) for p, a in arms.items()}
             top2 = torch.softmax(logits["forget"].double(), -1).topk(2, dim=-1).values
             decisive += (top2[:, 0] - top2[:, 1] >= DECISIVE).tolist()
             for p, arm in arms.items():
@@ -205,10 +156,10 @@ def run_session(rt: Runtime, session: EditSession, policies: list[str], whole_su
         if whole_suffix:
             ref_logits = check.pop("logits")
             for p, arm in arms.items():
-                logits = ref_logits if p == "forget" else suffix_logits(rt, arm.session_id, first_edit)
+                logits = ref_logits if p == "forget" else inspect.suffix_logits(arm.session_id, first_edit, TENANT)
                 arm.suffix_jsd = jsd_rows(ref_logits, logits).tolist()
                 arm.suffix_top1 = (ref_logits.argmax(-1) == logits.argmax(-1)).tolist()
-        tokens = _session(rt, ref.session_id).num_tokens
+        tokens = rt.get_session(ref.session_id, TENANT).num_tokens
     finally:
         for arm in arms.values():
             if rt.has_session(arm.session_id, TENANT):
@@ -222,9 +173,10 @@ def _check_reference(rt: Runtime, ref: Arm, first_edit: int, whole_suffix: bool)
     """A fresh prefill of the final history against the forget session (R)."""
     messages, _ = rt.session_messages(ref.session_id, TENANT)
     fresh = rt.create_session(SessionCreate(messages=messages), TENANT).session_id
+    inspect = Inspector(rt)
     try:
-        a = suffix_logits(rt, ref.session_id, first_edit)
-        b = suffix_logits(rt, fresh, first_edit)
+        a = inspect.suffix_logits(ref.session_id, first_edit, TENANT)
+        b = inspect.suffix_logits(fresh, first_edit, TENANT)
     finally:
         rt.delete_session(fresh, TENANT)
     j = jsd_rows(b, a)

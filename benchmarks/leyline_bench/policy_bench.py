@@ -107,7 +107,9 @@ def run(args, cases: list[dict]) -> dict:
                   "signal (one layer per measured position = signal_tokens / num_layers token equivalents).",
                   "next turn: every position of the tool round appended after each edit, plus the assistant "
                   "header after it (probe); JSD in nats against R."]}
-    payload = write_results(args.out, NAME, result, "leyline-bench fidelity --policies", _markdown(results, verdict))
+    body = _markdown(results, verdict)  # reads the per-session records, which the JSON keeps apart
+    samples = {model: {label: r[label].pop("sessions") for label in ("single", "multi")} for model, r in results.items()}
+    payload = write_results(args.out, NAME, result, "leyline-bench fidelity --policies", body, samples=samples)
     _plot(args.out, results)
     return payload
 

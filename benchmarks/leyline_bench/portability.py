@@ -34,7 +34,7 @@ import time
 import traceback
 from pathlib import Path
 
-from .output import fmt, md_header, md_table, write_results
+from .output import fmt, md_table, write_results
 from .vllm_model import FAMILIES
 
 TITLE = "Leyline's vLLM plugin across RoPE families"
@@ -178,7 +178,7 @@ def ttft_cells(client, server, tokens: int, repeats: int, warm: bool) -> dict:
     from leyline_runtime.text.tokenizer import ChatTokenizer
     from transformers import AutoTokenizer
 
-    from leyline_vllm.template import ChatRenderer
+    from leyline_vllm.api_server.template import ChatRenderer
 
     from .vllm import POSITIONS, edit_cell
     from .vllm_model import runtime_tokenizer_file

@@ -19,7 +19,7 @@ import gc
 
 import torch
 
-from leyline_runtime.engine.kv_cache import BlockTable
+from leyline_runtime.inspection import Inspector
 from leyline_runtime.model import load_model
 from leyline_runtime.model.layers import CPU_GEMMS, set_cpu_gemm
 from leyline_runtime.runtime import Runtime, RuntimeConfig
@@ -63,13 +63,8 @@ class PrefillArms:
         gc.collect()
         if arm == "peer":
             return timed(lambda: self.peer.prefill(ids))[0]
-        engine, pool = self.runtime.engine, self.runtime.pool
-        table = BlockTable(pool.block_size)
-        self.runtime.blocks.reserve(table, len(ids))
-        try:
-            return timed(lambda: engine.prefill(table, ids, 0))[0]
-        finally:
-            self.runtime.blocks.release(table)
+        with Inspector(self.runtime).scratch_prefill(ids) as prefill:
+            return timed(prefill)[0]
 
 
 def _cells(arms: PrefillArms, dtype: str, args, log, gemm_gflops: float) -> list[dict]:

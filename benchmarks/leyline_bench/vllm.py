@@ -109,7 +109,7 @@ def _served_cells(args, checkpoint: Path, workdir: Path, cells: list[str]) -> di
     from leyline_runtime.text.tokenizer import ChatTokenizer
     from transformers import AutoTokenizer
 
-    from leyline_vllm.template import ChatRenderer
+    from leyline_vllm.api_server.template import ChatRenderer
 
     from .vllm_model import runtime_tokenizer_file
     from .vllm_server import VllmServer, has_amx, vllm_on_cpu

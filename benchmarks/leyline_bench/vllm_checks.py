@@ -35,8 +35,12 @@ REPLACEMENT = [Message(role="user", content="Note X: skip that one; tell me abou
 EDITED_INDEX = 3  # the message REPLACEMENT takes the place of
 
 
-def history(n: int = 8) -> list[Message]:
-    out = [Message(role="system", content="You are a careful travel writer. Answer in plain prose.")]
+def history(n: int = 8, tag: str | None = None) -> list[Message]:
+    """``tag``: a history of the caller's own from its first token on (the tag is in the system message),
+    for a check about reuse: with vLLM's prefix cache on, rows another check computed exactly for the
+    same text are legitimately reused."""
+    notebook = f" (notebook {tag})" if tag else ""
+    out = [Message(role="system", content=f"You are a careful travel writer{notebook}. Answer in plain prose.")]
     for i in range(n - 1):
         role = "user" if i % 2 == 0 else "assistant"
         topic = TOPICS[i % len(TOPICS)]
@@ -66,8 +70,10 @@ def splice_info(base_url: str) -> dict:
     return httpx.get(f"{base_url}/healthz", timeout=30).json()["splice"]
 
 
-def rows(base_url: str, session_id: str, layer: int) -> np.ndarray:
-    r = httpx.get(f"{base_url}/leyline/debug/sessions/{session_id}/rows", params={"layer": layer}, timeout=120)
+def rows(base_url: str, session_id: str, layer: int, rank: int = 0) -> np.ndarray:
+    """One layer of a session's saved rows as tensor-parallel rank ``rank`` holds them (its KV heads)."""
+    r = httpx.get(f"{base_url}/leyline/debug/sessions/{session_id}/rows", params={"layer": layer, "rank": rank},
+                  timeout=120)
     r.raise_for_status()
     body = r.json()
     return np.frombuffer(base64.b64decode(body["data"]), dtype=np.float32).reshape(body["shape"])
@@ -106,14 +112,15 @@ def amortize_once(client: LeylineClient, session_id: str, old: list[Message] | N
 
 
 def moved_layer0(client: LeylineClient, base_url: str, session_id: str, outcome,
-                 old: list[Message] | None = None) -> tuple[np.ndarray, np.ndarray]:
+                 old: list[Message] | None = None, rank: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """The moved tokens' layer-0 rows of the amortized ``session_id`` and of a fresh prefill of the edited
     history (session ``fresh-<session_id>``)."""
     first = outcome.token_end + outcome.delta
     moved = slice(first, first + outcome.rotated_tokens)
     client.create_session(edited(history() if old is None else old, EDITED_INDEX, REPLACEMENT),
                           session_id=f"fresh-{session_id}")
-    return rows(base_url, session_id, 0)[moved], rows(base_url, f"fresh-{session_id}", 0)[moved]
+    fresh = f"fresh-{session_id}"
+    return rows(base_url, session_id, 0, rank)[moved], rows(base_url, fresh, 0, rank)[moved]
 
 
 # -- vLLM's own fresh prefill ----------------------------------------------------------------------

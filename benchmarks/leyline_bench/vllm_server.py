@@ -60,7 +60,7 @@ def serve_command(model: str | Path, port: int, *, dtype: str, max_model_len: in
            "--enable-prompt-tokens-details"]
     if plugin:
         cmd += ["--kv-transfer-config", json.dumps(CONNECTOR_CONFIG),
-                "--worker-extension-cls", "leyline_vllm.worker.LeylineWorkerExtension"]
+                "--worker-extension-cls", "leyline_vllm.kv.worker_extension.LeylineWorkerExtension"]
     if vllm_on_cpu():
         # vLLM's CPU rotary op rotates 3-D queries wrongly; eager mode skips a slow compile on small CPUs.
         cmd += ["-cc", json.dumps({"custom_ops": ["all", "-rotary_embedding"]}), "--enforce-eager"]

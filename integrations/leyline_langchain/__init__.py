@@ -20,8 +20,10 @@ try:
     import langchain  # noqa: F401
     import langchain_core  # noqa: F401
 except ImportError as exc:  # pragma: no cover - depends on the environment
-    raise ImportError(f"leyline_langchain needs LangChain ({exc.name} is missing): "
-                      "pip install 'leyline-kv[langchain]'") from exc
+    # Leyline is on no package index: the extra installs from a checkout of the repository.
+    raise ImportError(f"leyline_langchain needs LangChain ({exc.name} is missing): in the repository's "
+                      "checkout, .venv/bin/pip install -e '.[langchain]' (the .venv make serve built; "
+                      "another environment: its own pip, same arguments)", name=exc.name) from exc
 
 from .chat_model import ChatLeyline
 from .threads import ThreadSessionWarning

@@ -3,7 +3,7 @@
 Two vLLM plugins ship here:
 
 * ``register`` (entry point ``vllm.general_plugins: leyline``) registers
-  :class:`~leyline_vllm.connector.LeylineConnector`, the KV connector that
+  :class:`~leyline_vllm.kv.connector.LeylineConnector`, the KV connector that
   holds a session's blocks in vLLM's paged cache between its turns and copies
   its rows, rope part rotated, into the blocks vLLM allocates for an edited
   prompt;
@@ -25,12 +25,12 @@ def register() -> None:
     from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
 
     if CONNECTOR_NAME not in KVConnectorFactory._registry:
-        KVConnectorFactory.register_connector(CONNECTOR_NAME, "leyline_vllm.connector", "LeylineConnector")
+        KVConnectorFactory.register_connector(CONNECTOR_NAME, "leyline_vllm.kv.connector", "LeylineConnector")
 
 
 def endpoint_plugin():
     """``vllm.endpoint_plugins`` factory."""
-    from .endpoints import LeylineEndpoints
+    from .api_server.endpoints import LeylineEndpoints
 
     return LeylineEndpoints()
 

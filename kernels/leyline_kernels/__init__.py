@@ -15,7 +15,8 @@ try:
     import torch  # noqa: F401
 except ModuleNotFoundError as exc:  # name the extra instead of a bare "No module named 'torch'"
     raise ModuleNotFoundError(
-        "leyline_kernels needs the 'runtime' extra (torch is not installed): pip install 'leyline-kv[runtime]'",
+        "leyline_kernels needs the 'runtime' extra (torch is not installed): from a checkout of the repository, "
+        "pip install -e '.[runtime]' (leyline-kv is on no package index)",
         name=exc.name,
     ) from exc
 

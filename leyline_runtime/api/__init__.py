@@ -4,7 +4,7 @@
 (``/sessions``, ``/sessions/{id}/messages``, ``/sessions/{id}/generate``,
 ``/directives``) against :class:`sessions.SessionBackend`, which the bundled
 runtime (``leyline_runtime.server.routes_sessions``) and the vLLM plugin
-(``leyline_vllm.endpoints``) each implement; ``errors`` maps every error to
+(``leyline_vllm.api_server.endpoints``) each implement; ``errors`` maps every error to
 ``{"error": {"code", "message"}}`` for both. Importing this package loads
 neither torch nor the rest of the runtime, so ``leyline_vllm`` may use it
 (the documented exception in docs/design.md).

@@ -35,8 +35,7 @@ import torch
 
 from leyline_sdk.protocol import AutoDecision
 
-from leyline_runtime.config import AutoConfig
-from leyline_runtime.sessions.drift import DriftState
+from leyline_runtime.auto_rule import AutoConfig, DriftState, edit_drift, moved_position, signal_choice, tail_is_short
 from leyline_runtime.engine.engine import Engine
 from leyline_runtime.directives.executor import PREFILL, DirectiveExecutor, Plan, TokenEdit
 from leyline_runtime.engine.kv_cache import BlockTable
@@ -108,32 +107,6 @@ def new_starts(edits: list[TokenEdit]) -> list[int]:
     return out
 
 
-def moved_position(edits: list[TokenEdit], old: int) -> int:
-    """Where old position ``old`` lands after the edits (an edit's start if the edit covers it)."""
-    shift = 0
-    for t in edits:
-        if old < t.old_start:
-            break
-        if old < t.old_end or old == t.old_start:
-            return t.old_start + shift
-        shift += t.delta
-    return old + shift
-
-
-def tail_is_short(config: AutoConfig, n: int, edit_end: int) -> bool:
-    """At most ``short_tail`` (or ``repair_tail``) tokens after the edit: a forget costs no more than a repair."""
-    return n - edit_end <= max(config.short_tail, config.repair_tail)
-
-
-def signal_choice(config: AutoConfig, drift: float, attention: float) -> tuple[str, str]:
-    """(choice, reason) for an edit whose tail is long enough to measure, from its drift and attention share."""
-    if drift > config.forget_threshold:
-        return "forget", "signal"
-    if config.repair_threshold is not None and drift * attention > config.repair_threshold:
-        return "repair", "signal"
-    return "amortize", "below_threshold"
-
-
 class AutoMode:
     """Runs directive batches through the executor, deciding their ``auto`` edits inside its transaction."""
 
@@ -146,11 +119,6 @@ class AutoMode:
         """Execute ``plan`` as one transaction: splice and prefill, decide and recompute, commit."""
         with self.executor.transaction(session, plan, rotate) as txn:
             txn.table = self._decide_batch(session, plan, txn.table, txn.owned)
-
-    @property
-    def depth_weight(self) -> int:
-        """Layers a stale layer-1 row propagates through."""
-        return max(0, self.engine.model.config.num_hidden_layers - 1)
 
     def reserve_blocks(self, session: Session, plan: Plan) -> int:
         """Blocks a drift repair may copy on write beyond what the plan itself allocates."""
@@ -203,7 +171,7 @@ class AutoMode:
                 if t.auto.choice == "forget":
                     t.applied_mode, forget_from, fresh_until = "forget", s, s + len(t.new_tokens)
                 else:
-                    state.amortized(s, (t.auto.layer1_change or 0.0) * self.depth_weight)
+                    state.amortized(s, edit_drift(t.auto.layer1_change or 0.0, self.engine.model.config.num_hidden_layers))
             if t.auto is not None:
                 decisions.append(t.auto)
         if forget_from is not None:
@@ -232,9 +200,9 @@ class AutoMode:
         window_end = min(n, edit_end + cfg.signal_window)
         change = layer1_change(self.engine, table, tokens, edit_end, window_end)
         attention = layer0_attention(self.engine, table, tokens, start, window_end, cfg.attention_queries)
-        choice, reason = signal_choice(cfg, change * self.depth_weight, attention)
+        choice, reason = signal_choice(cfg, edit_drift(change, self.engine.model.config.num_hidden_layers), attention)
         return AutoDecision(choice=choice, reason=reason, layer1_change=change, attention=attention,
                             signal_tokens=window_end - edit_end)
 
 
-__all__ = ["AutoConfig", "AutoMode", "DriftState", "layer1_change", "moved_position", "signal_choice", "tail_is_short"]
+__all__ = ["AutoMode", "layer1_change"]

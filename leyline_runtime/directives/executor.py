@@ -26,7 +26,7 @@ from leyline_sdk.errors import InvalidDirective, InvalidSpan, OverlappingSpans
 from leyline_sdk.protocol import AutoDecision, Directive, DirectiveOutcome, Message
 
 from leyline_runtime.text import chat_template as tpl
-from leyline_runtime.sessions.drift import DriftState
+from leyline_runtime.auto_rule import DriftState
 from leyline_runtime.engine.engine import Engine
 from leyline_runtime.engine.kv_cache import BlockTable
 from leyline_runtime.directives.recompute import recompute_rows

@@ -8,7 +8,7 @@ from itertools import accumulate
 
 from leyline_sdk.protocol import Message, Segment, SessionCounters, SessionInfo
 
-from leyline_runtime.sessions.drift import DriftState
+from leyline_runtime.auto_rule import DriftState
 from leyline_runtime.engine.kv_cache import BlockTable
 
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from leyline_sdk.protocol import Message, ToolCall
 from leyline_sdk.tools_prompt import (  # noqa: F401 (part of the template)

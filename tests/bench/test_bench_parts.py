@@ -11,9 +11,7 @@ from helpers import agent_history
 from server_support import torch_threads
 
 from leyline_bench import admission
-from leyline_bench.edit import _fragment
 from leyline_bench.exact import grow
-from leyline_bench.forking import fork_session
 from leyline_bench.histories import history_of_length, make_edit, offsets
 from leyline_bench.replay_arms import (
     Leyline,
@@ -23,6 +21,7 @@ from leyline_bench.replay_arms import (
     history_tokens,
 )
 from leyline_bench.traces import PATTERNS, make_trace
+from leyline_runtime.inspection import Inspector
 from leyline_runtime.model.default import default_tokenizer_path
 from leyline_runtime.runtime import Runtime, RuntimeConfig
 from leyline_runtime.text.tokenizer import ChatTokenizer
@@ -144,18 +143,21 @@ def test_traces_are_deterministic(tok):
 
 
 def test_fork_is_an_exact_independent_copy(runtime):
+    inspect = Inspector(runtime)
+    free = inspect.free_blocks
     sid = runtime.create_session(SessionCreate(messages=agent_history()), "t").session_id
-    fork = fork_session(runtime, sid, "t")
-    a, b = runtime._get("t", sid), runtime._get("t", fork)
-    rows = runtime.pool.rows
-    n = a.num_tokens
-    assert torch.equal(rows[:, a.table.rows(0, n)], rows[:, b.table.rows(0, n)])
-    before = rows[:, a.table.rows(0, n)].clone()
+    fork = inspect.fork(sid, "t")
+    before = inspect.cache_rows(sid, "t")
+    assert torch.equal(inspect.cache_rows(fork, "t"), before)
+    assert inspect.tokens(fork, "t") == inspect.tokens(sid, "t")
+    assert runtime.get_session(fork, "t").version == runtime.get_session(sid, "t").version
+    assert not set(inspect.block_ids(sid, "t")) & set(inspect.block_ids(fork, "t"))  # rows of its own
     runtime.apply(DirectiveBatch(session_id=fork, directives=[Directive(span=Span(start=2, end=4))]), "t")
-    assert torch.equal(rows[:, a.table.rows(0, n)], before)
+    assert torch.equal(inspect.cache_rows(sid, "t"), before)
     assert runtime.get_session(sid, "t").num_messages == len(agent_history())
     runtime.delete_session(fork, "t")
     runtime.delete_session(sid, "t")
+    assert inspect.free_blocks == free
 
 
 def test_amortize_on_a_fragmented_pool_writes_the_same_rows(tok):
@@ -166,14 +168,14 @@ def test_amortize_on_a_fragmented_pool_writes_the_same_rows(tok):
     caches, neighbours = [], []
     for fragment in (False, True):
         rt = Runtime(RuntimeConfig(max_cache_tokens=4096))
+        inspect = Inspector(rt)
         if fragment:
-            _fragment(rt.pool)
+            inspect.shuffle_free_blocks()
         sid = rt.create_session(SessionCreate(messages=history), "t").session_id
         outcome = rt.apply(DirectiveBatch(session_id=sid, directives=[directive]), "t").outcomes[0]
         assert outcome.applied_mode == "amortize" and outcome.rotated_tokens > 256
-        session = rt._get("t", sid)
-        caches.append(rt.pool.rows[:, session.table.rows(0, session.num_tokens)])
-        blocks = session.table.blocks
+        caches.append(inspect.cache_rows(sid, "t"))
+        blocks = inspect.block_ids(sid, "t")
         neighbours.append(sum(b == a + 1 for a, b in zip(blocks, blocks[1:])) / (len(blocks) - 1))
     assert neighbours[0] > 0.9 and neighbours[1] < 0.1
     assert torch.equal(caches[0], caches[1])

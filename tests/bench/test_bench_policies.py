@@ -5,9 +5,10 @@ import torch
 
 from leyline_bench import stress_models
 from leyline_bench.edit_sessions import KINDS, PROTECTED_TAIL, build_session
-from leyline_bench.policies import check_policies, jsd_rows, run_session, suffix_logits
+from leyline_bench.policies import check_policies, jsd_rows, run_session
 from leyline_bench.policy_bench import equal_cost, multi_edit_sessions
 from leyline_bench.edit_sessions import EditSession, Step
+from leyline_runtime.inspection import Inspector
 from leyline_runtime.model import load_model
 from leyline_runtime.model.default import DEFAULT_MODEL_DIR, default_tokenizer_path
 from leyline_runtime.runtime import Runtime, RuntimeConfig
@@ -79,11 +80,12 @@ def test_stacked_model_repeats_the_trained_layers(tok):
 
 def test_suffix_logits_equal_a_plain_forward_on_an_honest_prefill(rt):
     sid = rt.create_session(SessionCreate(messages=agent_history()), "__policies__").session_id
+    inspect = Inspector(rt)
     try:
-        toks = rt._get("__policies__", sid).tokens
-        free = rt.pool.num_free
-        got = suffix_logits(rt, sid, 40)
-        assert rt.pool.num_free == free
+        toks = inspect.tokens(sid, "__policies__")
+        free = inspect.free_blocks
+        got = inspect.suffix_logits(sid, 40, "__policies__")
+        assert inspect.free_blocks == free  # the scratch blocks went back
     finally:
         rt.delete_session(sid, "__policies__")
     with torch.no_grad():

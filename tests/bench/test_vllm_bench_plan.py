@@ -127,7 +127,7 @@ def test_the_plain_arm_loads_no_plugin_and_the_plugin_arm_all_of_it(tmp_path):
     assert "--kv-transfer-config" in leyline.cmd and "--worker-extension-cls" in leyline.cmd
     assert [a for a in leyline.cmd if a not in plain.cmd and not a.isdigit()] == [
         "--kv-transfer-config", json.dumps(CONNECTOR_CONFIG), "--worker-extension-cls",
-        "leyline_vllm.worker.LeylineWorkerExtension"]
+        "leyline_vllm.kv.worker_extension.LeylineWorkerExtension"]
 
 
 def test_an_interrupted_start_leaves_no_server_behind(tmp_path, monkeypatch):

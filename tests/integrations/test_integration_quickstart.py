@@ -1,5 +1,6 @@
 """examples/langgraph_quickstart.py against a real ``leyline-runtime serve`` (the default embedded
-model, an API key given as LEYLINE_API_KEY): its edits go as directives."""
+model, an API key given as LEYLINE_API_KEY): its edits go as directives, and run twice on one server
+its second run says so."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from served_runtime import API_KEY, free_port, serve_command, wait_until_up
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_the_langgraph_quickstart_edits_through_directives(tmp_path):
+def test_the_langgraph_quickstart_edits_through_directives_and_names_a_rerun(tmp_path):
     port = free_port()
     log_path = tmp_path / "serve.log"
     with open(log_path, "w") as log:
@@ -23,13 +24,20 @@ def test_the_langgraph_quickstart_edits_through_directives(tmp_path):
     try:
         wait_until_up(server, port, log_path)
         env = {**os.environ, "LEYLINE_BASE_URL": f"http://127.0.0.1:{port}", "LEYLINE_API_KEY": API_KEY}
-        run = subprocess.run([sys.executable, str(ROOT / "examples" / "langgraph_quickstart.py")], env=env,
-                             capture_output=True, text=True, timeout=600, cwd=ROOT)
+        first, rerun = (subprocess.run([sys.executable, str(ROOT / "examples" / "langgraph_quickstart.py")],
+                                       env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
+                        for _ in range(2))
     finally:
         server.terminate()
         server.wait(timeout=30)
-    assert run.returncode == 0, run.stderr[-2000:]
-    assert run.stdout.count("answer:") == 3
-    directives = re.search(r"^directives: (\d+)$", run.stdout, re.M)
-    assert directives and int(directives.group(1)) > 0, run.stdout
-    assert "tool_output_edit" in run.stdout
+    for run in (first, rerun):
+        assert run.returncode == 0, run.stderr[-2000:]
+        assert run.stdout.count("answer:") == 3
+        assert "tool_output_edit" in run.stdout
+    directives = re.search(r"^directives: (\d+)$", first.stdout, re.M)
+    assert directives and int(directives.group(1)) > 0, first.stdout
+    assert re.search(r"^call 1: 0 directives", first.stdout, re.M), first.stdout
+    # The rerun adopts the session the first run left (same thread id) and starts the conversation over
+    # in it: its first call drops the first run's turns, named as a rerun, not as a user correction.
+    assert re.search(r"^call 1: 1 directives, .*\[rerun forget\]$", rerun.stdout, re.M), rerun.stdout
+    assert "user_correction" not in rerun.stdout

@@ -20,9 +20,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from leyline_kernels import delta_rotation_table
-from leyline_vllm.layout import ContiguousRows, MappedRows, SpliceLayout, rows_for
-from leyline_vllm.probe import probe_row_map
-from leyline_vllm.rope import RopeSpec, UnsupportedModel
+from leyline_vllm.kv.layout import ContiguousRows, MappedRows, SpliceLayout, rows_for
+from leyline_vllm.kv.probe import probe_row_map
+from leyline_vllm.kv.rope import RopeSpec, UnsupportedModel
 from vllm_layouts import KV_CACHE_LAYOUTS, cpu_writer, flash_writer, mla_writer, shared_cache
 
 BLOCKS, SLOTS, HEADS, DIM = 8, 4, 2, 8

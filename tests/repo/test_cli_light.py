@@ -141,7 +141,7 @@ def test_a_command_without_its_extra_says_what_to_install(module, argv, extra):
     code, _, err, _ = run_cli(module, argv, blocked=("torch",))
     assert code == 1
     line = one_line(err)
-    assert f"pip install 'leyline-kv[{extra}]'" in line and "torch" in line
+    assert f"pip install -e '.[{extra}]'" in line and "torch" in line
 
 
 @pytest.mark.parametrize("statement", [
@@ -154,7 +154,7 @@ def test_an_import_without_the_extra_names_it(statement):
     result = python(statement, blocked=("torch",))
     assert result.returncode == 1
     last = result.stderr.strip().splitlines()[-1]
-    assert "needs the 'runtime' extra" in last and "pip install 'leyline-kv[runtime]'" in last
+    assert "needs the 'runtime' extra" in last and "pip install -e '.[runtime]'" in last
 
 
 def test_a_bad_model_folder_fails_before_loading_anything(tmp_path):

@@ -151,7 +151,7 @@ def test_torch_free_exceptions_stay_torch_free():
     assert exceptions, "docs/design.md lists no torch-free exception: drop this test"
     for _, allowed_module in exceptions:
         code = (f"import sys, {allowed_module}, pkgutil, importlib\n"
-                f"for m in pkgutil.walk_packages({allowed_module}.__path__, '{allowed_module}.'):\n"
+                f"for m in pkgutil.walk_packages(getattr({allowed_module}, '__path__', []), '{allowed_module}.'):\n"
                 f"    importlib.import_module(m.name)\n"
                 f"top = '{allowed_module}'.split('.')[0]\n"
                 f"bad = [m for m in sys.modules if m == 'torch' or (m.startswith(top + '.') and m != top\n"
@@ -199,35 +199,40 @@ def test_typed_packages_ship_py_typed(package):
     assert (PACKAGES[package] / "py.typed").is_file()
 
 
-def runtime_layers() -> dict[str, set[str]]:
-    """The "Inside leyline_runtime" table of docs/design.md: part -> parts it may import."""
-    section = DESIGN.read_text().split("## Inside leyline_runtime", 1)[1].split("\n## ", 1)[0]
+LAYERED = ["leyline_runtime", "leyline_vllm"]  # packages whose docs/design.md section "Inside <package>" has a part table
+
+
+def package_layers(package: str) -> dict[str, set[str]]:
+    """The "Inside <package>" table of docs/design.md: part -> parts it may import."""
+    section = DESIGN.read_text().split(f"## Inside {package}", 1)[1].split("\n## ", 1)[0]
     layers = {}
     for part, targets in re.findall(r"^\| `(\w+)/?` \|[^|]*\|([^|]*)\|", section, re.M):
         layers[part] = set(re.findall(r"`(\w+|\*)`", targets))
     return layers
 
 
-def runtime_part(module: str) -> str:
+def package_part(module: str) -> str:
     parts = module.split(".")
     return parts[1] if len(parts) > 1 else "__init__"
 
 
-def test_the_runtime_layer_table_covers_every_part():
-    parts = {runtime_part(m) for m in graph() if m.startswith("leyline_runtime.")}
-    assert parts <= set(runtime_layers()), f"add {parts - set(runtime_layers())} to docs/design.md"
+@pytest.mark.parametrize("package", LAYERED)
+def test_the_layer_table_covers_every_part(package):
+    parts = {package_part(m) for m in graph() if m.startswith(package + ".")}
+    assert parts <= set(package_layers(package)), f"add {parts - set(package_layers(package))} to docs/design.md"
 
 
-def test_runtime_layers_import_downwards_only():
-    layers = runtime_layers()
+@pytest.mark.parametrize("package", LAYERED)
+def test_layers_import_downwards_only(package):
+    layers = package_layers(package)
     wrong = []
     for module, imports in graph().items():
-        if not module.startswith("leyline_runtime."):
+        if not module.startswith(package + "."):
             continue
-        source = runtime_part(module)
+        source = package_part(module)
         for name, _ in imports:
-            if not name.startswith("leyline_runtime.") or runtime_part(name) == source:
+            if not name.startswith(package + ".") or package_part(name) == source:
                 continue
-            if "*" not in layers[source] and runtime_part(name) not in layers[source]:
+            if "*" not in layers[source] and package_part(name) not in layers[source]:
                 wrong.append(f"{module} -> {name}")
     assert wrong == []

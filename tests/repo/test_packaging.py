@@ -93,7 +93,7 @@ def test_full_wheel_installs_beside_kernels_and_integrations(wheels, tmp_path):
     for script, extra in (("leyline-runtime", "runtime"), ("leyline-bench", "bench")):
         result = run([str(bin_dir / script), *(["serve"] if script == "leyline-runtime" else ["edit"])], cwd=tmp_path)
         assert result.returncode == 1 and result.stderr.strip().count("\n") == 0, result.stderr
-        assert f"pip install 'leyline-kv[{extra}]'" in result.stderr
+        assert f"pip install -e '.[{extra}]'" in result.stderr
 
     # With torch and the other extras visible (this interpreter's packages, after the venv's own),
     # every package imports, each from its own files.

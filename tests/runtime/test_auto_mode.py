@@ -8,7 +8,8 @@ from starlette.testclient import TestClient
 from server_support import make_runtime, metric, torch_threads
 
 from leyline_runtime import cli, create_app
-from leyline_runtime.directives.auto_mode import AutoConfig, layer0_attention
+from leyline_runtime.auto_rule import AutoConfig
+from leyline_runtime.directives.auto_mode import layer0_attention
 from leyline_sdk import auto_policy, force_mode
 from leyline_sdk.policy import EditContext
 from leyline_sdk.protocol import Directive, DirectiveBatch, Message, SessionCreate, Span

@@ -8,7 +8,7 @@ past MAX_DIRECTIVES) go through
   in-memory session store that answers its calls as the runtime does;
 * ``leyline_runtime.server.chat.plan_chat_batch`` — what ``ChatService._bound``
   sends for a session-bound ``/v1/chat/completions`` request;
-* ``leyline_vllm.service.plan_chat_batch`` — what ``LeylineService.chat`` sends;
+* ``leyline_vllm.api_server.service.plan_chat_batch`` — what ``LeylineService.chat`` sends;
 
 and every step must produce the identical batch (or the identical "rebuild").
 """
@@ -36,7 +36,7 @@ from leyline_sdk.protocol import (
     SessionInfo,
     Usage,
 )
-from leyline_vllm.service import plan_chat_batch as vllm_plan
+from leyline_vllm.api_server.service import plan_chat_batch as vllm_plan
 
 SEQUENCES = recorded_sequences()
 Batch = tuple | str

@@ -45,6 +45,7 @@ from leyline_sdk import (
     error_for,
 )
 from leyline_sdk._config import DEFAULT_TIMEOUT
+from leyline_sdk._response import NO_KEY_HINT
 from leyline_sdk._retry import RetryPolicy
 
 Handler = Callable[[httpx.Request], httpx.Response]
@@ -418,11 +419,9 @@ def test_error_codes_map_to_classes(
     with pytest.raises(cls) as caught:
         make_client(rec).get_session("s1")
     assert type(caught.value) is cls
-    assert (caught.value.code, caught.value.message, caught.value.status_code) == (
-        code,
-        "what went wrong",
-        status,
-    )
+    # a 401 to a client that sent no key also says where the SDK reads one (test_sdk_errors.py)
+    message = f"what went wrong ({NO_KEY_HINT})" if status == 401 else "what went wrong"
+    assert (caught.value.code, caught.value.message, caught.value.status_code) == (code, message, status)
     assert len(rec.requests) == 1  # an HTTP status is never retried
 
 

@@ -14,8 +14,10 @@ import pytest
 from starlette.testclient import TestClient
 from integration_support import app, async_client, client  # noqa: F401  (fixtures)
 
+from leyline_runtime import create_app
 from leyline_sdk import (
     APIStatusError,
+    AsyncLeylineClient,
     ConflictError,
     LeylineClient,
     LeylineMemory,
@@ -114,3 +116,37 @@ def test_memory_adopts_a_session_created_meanwhile(app):  # noqa: F811
         reply = memory.generate("raced-thread", view, max_tokens=2)
     assert reply.message.role == "assistant"
     assert memory.stats("raced-thread").resyncs == 1  # the 409 led to reading the session, not to an error
+
+
+@pytest.fixture()
+def keyed_app(app, monkeypatch):  # noqa: F811
+    """The module's runtime behind a server started with one API key (``LEYLINE_API_KEYS``)."""
+    monkeypatch.setenv("LEYLINE_API_KEYS", "sk-test")
+    monkeypatch.delenv("LEYLINE_API_KEY", raising=False)  # the clients below send only what they are given
+    return create_app(runtime=app.state.runtime)
+
+
+def test_a_missing_key_tells_an_sdk_user_where_the_sdk_reads_it(keyed_app):
+    with TestClient(keyed_app) as http:
+        with pytest.raises(Unauthorized) as missing:
+            LeylineClient("http://testserver", http_client=http).list_sessions()
+        with pytest.raises(Unauthorized) as missing_streamed:
+            list(LeylineClient("http://testserver", http_client=http).generate_stream("s"))
+        with pytest.raises(Unauthorized) as wrong:
+            LeylineClient("http://testserver", api_key="sk-wrong", http_client=http).list_sessions()
+        assert LeylineClient("http://testserver", api_key="sk-test", http_client=http).list_sessions() == []
+    for caught in (missing, missing_streamed):
+        message = caught.value.message
+        assert message.startswith("missing API key") and "set LEYLINE_API_KEY, or pass api_key=" in message, message
+    assert wrong.value.message == "invalid API key"  # a key was sent: where it comes from is not the problem
+    assert missing.value.body["error"]["message"] == "missing API key: send 'Authorization: Bearer <key>'"
+
+
+def test_a_missing_key_on_the_async_client_says_the_same(keyed_app):
+    async def scenario() -> Unauthorized:
+        async with AsyncLeylineClient("http://testserver", transport=httpx.ASGITransport(app=keyed_app)) as aclient:
+            with pytest.raises(Unauthorized) as caught:
+                await aclient.list_sessions()
+            return caught.value
+
+    assert "set LEYLINE_API_KEY, or pass api_key=" in asyncio.run(scenario()).message

@@ -11,6 +11,7 @@ from starlette.testclient import TestClient
 from server_support import history, make_runtime, metric, torch_threads, user
 
 from leyline_runtime import create_app
+from leyline_runtime.inspection import Inspector
 from leyline_runtime.runtime import RuntimeConfig
 from leyline_sdk.protocol import Message
 
@@ -383,8 +384,8 @@ def test_concurrent_directives_and_generations_on_one_session(client, runtime):
     assert final["version"] == max(every)
 
     messages = [Message.model_validate(m) for m in final["messages"]]
-    session = runtime._sessions[("default", sid)]
     fresh = [t for toks in runtime.tokenizer.encode_messages(messages) for t in toks]
-    assert session.tokens == fresh
-    assert len(session.table.blocks) == runtime.pool.blocks_for(len(fresh))
+    assert Inspector(runtime).tokens(sid) == fresh
+    # exactly the blocks its tokens need: nothing a failed or concurrent step took was kept
+    assert len(Inspector(runtime).block_ids(sid)) == -(-len(fresh) // runtime.config.block_size)
     assert final["segments"][-1]["end"] == final["num_tokens"] == len(fresh)

@@ -51,7 +51,8 @@ def session_messages(client, sid: str) -> list[dict]:
 
 @pytest.fixture
 def scripted(runtime, monkeypatch):
-    """Make the engine "generate" a given text (rows written as the real decode does)."""
+    """Make the engine "generate" a given text (rows written as the real decode does, within the
+    ``max_tokens`` the runtime reserved rows for)."""
 
     def script(text: str) -> None:
         # The model's own markup: control strings become their special tokens here (content never does).
@@ -73,9 +74,10 @@ def scripted(runtime, monkeypatch):
                 if tok in stop_ids:
                     return Generation(tokens + [tok], "stop")
                 tokens.append(tok)
-                runtime.blocks.reserve(table, position + 1)
                 runtime.engine.prefill(table, [tok], position)
                 position += 1
+                if len(tokens) == params.max_tokens:
+                    break
             return Generation(tokens, "length")
 
         monkeypatch.setattr(runtime.engine, "decode", decode)

@@ -10,6 +10,9 @@ cache); the same splice without rotation is far off; forget gives vLLM's own gre
 
 from __future__ import annotations
 
+import json
+import uuid
+
 import numpy as np
 import pytest
 
@@ -42,7 +45,9 @@ NO_ROTATE = "bf16-norotate"
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     checkpoint = make_tiny_checkpoint(tmp_path_factory.mktemp("ckpt-bf16"), FAMILY)
-    env = {"LEYLINE_VLLM_DEBUG_ROUTES": "1", "LEYLINE_VLLM_TEST_NO_ROTATE_SESSIONS": NO_ROTATE}
+    env = {"LEYLINE_VLLM_DEBUG_ROUTES": "1", "LEYLINE_VLLM_TEST_NO_ROTATE_SESSIONS": NO_ROTATE,
+           # mode auto with a threshold every measured drift passes: its forget path
+           "LEYLINE_VLLM_AUTO": json.dumps({"signal_window": 32, "short_tail": 32, "forget_threshold": 0.0})}
     with VllmServer(checkpoint, tmp_path_factory.mktemp("serve-bf16"), env=env, extra=["--block-size", "32"],
                     dtype="bfloat16") as s:
         yield s
@@ -76,9 +81,25 @@ def test_bf16_unrotated_splice_fails_the_same_check(server, client):
 
 
 def test_bf16_forget_equals_vllms_fresh_prefill(server, client):
-    old, session = history(), "bf16-forget"
+    old, session = history(tag=uuid.uuid4().hex[:12]), "bf16-forget"
     client.create_session(old, session_id=session)
     (outcome,) = client.apply(session, [edit_directive("forget")]).outcomes
     assert outcome.applied_mode == "forget" and outcome.fallback_reason is None
     reference = fresh_completion(server.base_url, server.model, edited(old, EDITED_INDEX, REPLACEMENT), 6)
     assert_same_generation(greedy(client, session, 6), reference, 5e-2)
+
+
+def test_auto_over_its_threshold_forgets_and_keeps_the_window(server, client):
+    """Mode auto whose measured drift passes the threshold (this server's is 0): applied as forget, the
+    window computed for the signal kept (not computed twice), and the answer is vLLM's own on the edited
+    history."""
+    old, session = history(tag=uuid.uuid4().hex[:12]), "bf16-auto"
+    client.create_session(old, session_id=session)
+    (outcome,) = client.apply(session, [edit_directive("auto")]).outcomes
+    assert (outcome.requested_mode, outcome.applied_mode) == ("auto", "forget"), outcome
+    assert outcome.auto.choice == "forget" and outcome.auto.reason == "signal" and outcome.auto.layer1_change > 0
+    assert outcome.rotated_tokens == 0 and outcome.fallback_reason is None
+    new = edited(old, EDITED_INDEX, REPLACEMENT)
+    got = greedy(client, session)
+    want = fresh_completion(server.base_url, server.model, new, 6)
+    assert_same_generation(got, want, 5e-2)

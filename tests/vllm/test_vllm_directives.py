@@ -31,6 +31,12 @@ def sid(prefix: str = "s") -> str:
     return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
 
+def own_history() -> list[Message]:
+    """A history no other test (or earlier run on a reused server) computed: what a test may see reused
+    is then only what it computed itself (vLLM's prefix cache is on with AMX, and on every GPU)."""
+    return history(tag=uuid.uuid4().hex[:12])
+
+
 def fresh_reference(base_url: str, messages: list[Message], max_tokens: int = 6) -> dict:
     """vLLM's own chat endpoint (no session: the plugin only forwards) on the same history."""
     body = {"model": SERVED_MODEL_NAME, "messages": [m.model_dump(exclude_none=True) for m in messages],
@@ -58,7 +64,7 @@ def tol(server):
 
 
 def test_forget_equals_vllm_fresh_prefill(client, base_url, tol, block):
-    old = history()
+    old = own_history()
     s = sid()
     client.create_session(old, session_id=s)
     result = client.apply(s, [Directive(span=Span(start=3, end=4), replacement=REPLACEMENT, mode="forget")])
@@ -75,21 +81,37 @@ def test_forget_equals_vllm_fresh_prefill(client, base_url, tol, block):
     assert got.usage.cached_tokens >= result.num_tokens - result.num_tokens % block - block
 
 
-def test_auto_is_applied_as_forget_with_its_reason_named(client, base_url, tol):
-    """The plugin has no drift signal: ``auto`` takes the exact choice, says why, and equals a fresh prefill —
-    through the directive route and a session-bound chat."""
-    old, s = history(), sid("auto")
+def test_auto_measures_its_window_in_vllms_cache_and_amortizes_past_it(client, base_url, tol, block):
+    """Mode auto on vLLM: the first request computes the replacement and a 32-token window after it
+    exactly; the worker compares the window's rows with the rotated ones amortize would have put there
+    (the signal); below the threshold (this server's: never reached) the rest is loaded rotated and the
+    window's rows stay exact — through the directive route and a session-bound chat."""
+    old, s = own_history(), sid("auto")
     client.create_session(old, session_id=s)
     (outcome,) = client.apply(s, [Directive(span=Span(start=3, end=4), replacement=REPLACEMENT, mode="auto")]).outcomes
-    assert (outcome.requested_mode, outcome.applied_mode, outcome.rotated_tokens) == ("auto", "forget", 0)
-    assert outcome.fallback_reason.startswith("unsupported_runtime: mode auto")
-    assert outcome.auto.choice == "forget" and outcome.auto.reason == "unsupported_runtime"
-    assert_same_generation(greedy(client, s), fresh_reference(base_url, edited(old, 3, REPLACEMENT)), tol["logprob"])
+    assert (outcome.requested_mode, outcome.applied_mode) == ("auto", "amortize"), outcome
+    decision = outcome.auto
+    assert decision.choice == "amortize" and decision.reason == "below_threshold", decision
+    assert decision.signal_tokens == 32 and decision.repaired_tokens == 32
+    assert decision.layer1_change is not None and decision.layer1_change > 0  # measured: the edit drifts
+    assert outcome.rotated_tokens > 0 and outcome.recomputed_tokens >= 32
+    # the window right after the replacement equals a fresh prefill on every layer; what follows is rotated
+    first = outcome.token_end + outcome.delta
+    fresh = sid("fresh")
+    client.create_session(edited(old, 3, REPLACEMENT), session_id=fresh)
+    for layer in (0, 1):
+        a, b = rows(base_url, s, layer), rows(base_url, fresh, layer)
+        window = slice(first, first + 32)
+        assert np.abs(a[window] - b[window]).max() <= tol["prefill_row"] * np.abs(b).max(), layer
+    after = slice(first + 32 + block, min(len(a), len(b)))
+    layer1 = rows(base_url, s, 1)[after], rows(base_url, fresh, 1)[after]
+    assert np.abs(layer1[0] - layer1[1]).max() > 1e-3 * np.abs(layer1[1]).max()  # amortized: approximate there
     c = sid("autochat")
     client.create_session(old, session_id=c)
     asked = edited(old, 3, REPLACEMENT) + [Message(role="user", content="Now the bread, in one line.")]
     (chat_outcome,) = _chat(base_url, c, asked, "auto")["leyline"]["outcomes"]
-    assert chat_outcome["applied_mode"] == "forget" and chat_outcome["fallback_reason"] == outcome.fallback_reason
+    assert chat_outcome["applied_mode"] == "amortize" and chat_outcome["auto"]["choice"] == "amortize"
+    assert chat_outcome["auto"]["layer1_change"] == pytest.approx(decision.layer1_change, rel=1e-3)
 
 
 def _amortize(client, s: str, old: list[Message]):
@@ -105,7 +127,7 @@ def _rotated_positions(outcome) -> range:
 
 
 def test_amortize_claims_prefix_and_rotated_blocks_and_layer0_rows_match(client, base_url, tol, block):
-    old = history()
+    old = own_history()
     s = sid()
     result = _amortize(client, s, old)
     (outcome,) = result.outcomes
@@ -132,7 +154,7 @@ def test_amortize_claims_prefix_and_rotated_blocks_and_layer0_rows_match(client,
 
 def test_unrotated_copy_fails_the_layer0_check(client, base_url, tol):
     """Negative control: the same splice with k_pe copied unrotated (test hook) is far off at layer 0."""
-    old = history()
+    old = own_history()
     s = "norotate-amortize"
     result = _amortize(client, s, old)
     (outcome,) = result.outcomes
@@ -150,7 +172,7 @@ def test_unrotated_copy_fails_the_layer0_check(client, base_url, tol):
 def test_another_session_gets_no_spliced_rows(client, base_url):
     """Salt isolation: a second session with the very same edited history computes its own rows (it may
     share the exact prefix before the edit where vLLM's prefix cache is on)."""
-    old = history()
+    old = own_history()
     s = sid()
     (outcome,) = _amortize(client, s, old).outcomes
     other = sid("other")
@@ -168,7 +190,7 @@ def test_another_session_gets_no_spliced_rows(client, base_url):
 
 @pytest.mark.parametrize("mode", ["amortize", "forget"])
 def test_fault_after_partial_write_falls_back_to_honest_prefill(client, base_url, mode, tol):
-    old = history()
+    old = own_history()
     s = f"fault-{mode}"  # the server injects a fault into this session's loads after layer 0 is written
     client.create_session(old, session_id=s)
     result = client.apply(s, [Directive(span=Span(start=3, end=4), replacement=REPLACEMENT, mode=mode)])
@@ -198,7 +220,7 @@ def test_bundled_runtime_and_vllm_agree_on_first_token(client, checkpoint):
     from leyline_runtime.runtime import Runtime, RuntimeConfig
     from leyline_sdk.protocol import DirectiveBatch, GenerateRequest, SessionCreate
 
-    old = history()
+    old = own_history()
     directive = Directive(span=Span(start=3, end=4), replacement=REPLACEMENT, mode="amortize")
     bundled = Runtime(RuntimeConfig(model_path=str(checkpoint)))
     info = bundled.create_session(SessionCreate(session_id="b", messages=old))
@@ -237,7 +259,7 @@ def top_k_jsd(p_top: dict[str, float], q_top: dict[str, float]) -> float:
 def test_vllm_prefix_cache_is_salted_per_session(client, base_url):
     """Where vLLM keeps its prefix cache (AMX CPUs, GPUs): a plain resend hits it; another session shares
     the exact prefix before an edit, never the spliced blocks."""
-    old = history()
+    old = own_history()
     body = {"model": SERVED_MODEL_NAME, "messages": [m.model_dump(exclude_none=True) for m in old],
             "max_tokens": 1, "temperature": 0}
     httpx.post(f"{base_url}/v1/chat/completions", json=body, timeout=600).raise_for_status()
@@ -262,7 +284,7 @@ def _chat(base_url: str, session_id: str, messages: list[Message], mode: str) ->
 
 
 def test_chat_with_a_forget_edit_equals_a_fresh_prefill(client, base_url, tol, block):
-    old, s = history(), sid("chatf")
+    old, s = own_history(), sid("chatf")
     info = client.create_session(old, session_id=s)
     asked = edited(old, 3, REPLACEMENT) + [Message(role="user", content="Now the bread, in one line.")]
     reply = _chat(base_url, s, asked, "forget")
@@ -284,7 +306,7 @@ def test_chat_with_a_forget_edit_equals_a_fresh_prefill(client, base_url, tol, b
 
 
 def test_chat_with_an_amortize_edit_rotates_and_matches_layer0(client, base_url, tol, block):
-    old, s = history(), sid("chata")
+    old, s = own_history(), sid("chata")
     client.create_session(old, session_id=s)
     asked = edited(old, 3, REPLACEMENT) + [Message(role="user", content="Now the bread, in one line.")]
     report = _chat(base_url, s, asked, "amortize")["leyline"]

@@ -12,6 +12,8 @@ pairing, fails that check. For refused families: an ``amortize`` that had to rot
 
 from __future__ import annotations
 
+import json
+import uuid
 from dataclasses import dataclass
 
 import httpx
@@ -30,6 +32,7 @@ from leyline_bench.vllm_checks import (
     history,
     layer0_errors,
     moved_layer0,
+    rows,
     splice_info,
     split_rope,
 )
@@ -68,15 +71,23 @@ EXPECTED = {
     "gptj": Expected("RotaryEmbedding", "interleaved"),  # MHA
     "cohere": Expected("RotaryEmbedding", "interleaved"),
     "gpt_oss": Expected(refused="sliding-window", compared_tokens=1),  # alternating sliding-window layers, attention sinks
+    # llama3 with a layout probe that raises (LEYLINE_VLLM_TEST_PROBE_FAULT): served, refused by name
+    "probe_fault": Expected(refused="the layout probe failed (RuntimeError: injected by LEYLINE_VLLM_TEST_PROBE_FAULT)"),
 }
+CHECKPOINT_OF = {"probe_fault": "llama3"}
 
 
 @pytest.fixture(scope="module", params=sorted(EXPECTED))
 def family(request, tmp_path_factory):
     name = request.param
-    checkpoint = make_tiny_checkpoint(tmp_path_factory.mktemp(f"ckpt-{name}"), name)
+    checkpoint = make_tiny_checkpoint(tmp_path_factory.mktemp(f"ckpt-{name}"), CHECKPOINT_OF.get(name, name))
     env = {"LEYLINE_VLLM_TEST_NO_ROTATE_SESSIONS": NO_ROTATE,
-           "LEYLINE_VLLM_TEST_WRONG_PAIRING_SESSIONS": WRONG_PAIRING, "LEYLINE_VLLM_DEBUG_ROUTES": "1"}
+           "LEYLINE_VLLM_TEST_WRONG_PAIRING_SESSIONS": WRONG_PAIRING, "LEYLINE_VLLM_DEBUG_ROUTES": "1",
+           # mode auto: amortize below the threshold, but every amortized drift passes the budget of 0
+           "LEYLINE_VLLM_AUTO": json.dumps({"signal_window": 32, "short_tail": 32, "forget_threshold": 1e9,
+                                            "drift_budget": 0.0})}
+    if name == "probe_fault":
+        env["LEYLINE_VLLM_TEST_PROBE_FAULT"] = "1"
     # 32-token blocks (the CPU backend takes multiples of 32): the short test histories span several
     with VllmServer(checkpoint, tmp_path_factory.mktemp(f"serve-{name}"), env=env,
                     extra=["--block-size", "32"]) as server:
@@ -205,3 +216,46 @@ def test_exact_prefix_is_shared_spliced_rows_stay_private(family, client):
     plain = httpx.post(f"{server.base_url}/v1/completions", json=body, timeout=600).json()
     cached = plain["usage"]["prompt_tokens_details"]["cached_tokens"]
     assert system_tokens - system_tokens % block <= cached <= first_moved, (cached, first_moved)
+
+
+def test_another_session_gets_no_spliced_rows(family, client):
+    """Salt isolation on standard attention, where vLLM keeps its prefix cache on every CPU: a new
+    session on the very edited history reuses at most the exact prefix before the edit, and its rows
+    above layer 0 are a fresh prefill's, not the spliced session's."""
+    name, server = family
+    if name != "qwen3":
+        pytest.skip("one GQA family is enough")
+    old = history(tag=f"isolation-{uuid.uuid4().hex[:8]}")
+    spliced = f"iso-{uuid.uuid4().hex[:8]}"
+    outcome = amortize_once(client, spliced, old)
+    assert outcome.applied_mode == "amortize" and outcome.rotated_tokens > 0, outcome
+    other = client.create_session(edited(old, 3, REPLACEMENT), session_id=f"iso-other-{uuid.uuid4().hex[:8]}")
+    assert other.counters.reused_tokens <= outcome.token_start, (other.counters.reused_tokens, outcome.token_start)
+    assert other.counters.prefilled_tokens == other.num_tokens - other.counters.reused_tokens
+    first_moved = outcome.token_end + outcome.delta
+    mine, theirs = (rows(server.base_url, s, 1)[first_moved:] for s in (other.session_id, spliced))
+    fresh = f"iso-fresh-{uuid.uuid4().hex[:8]}"
+    client.create_session(edited(old, 3, REPLACEMENT), session_id=fresh)
+    reference = rows(server.base_url, fresh, 1)[first_moved:]
+    assert np.abs(mine - reference).max() <= 1e-2 * np.abs(reference).max()
+    assert np.abs(theirs - reference).max() > 2e-2 * np.abs(reference).max()
+
+
+def test_auto_past_the_drift_budget_recomputes_from_the_edit(family, client):
+    """Mode auto amortizes (its drift is below the threshold), but the session's drift budget (0 on these
+    servers) is passed: the turn re-prefills from the earliest drifted position, so the session is exact
+    again (vLLM's own answer on the edited history) and the outcome says how many rows the repair took."""
+    name, server = family
+    if name != "qwen3":
+        pytest.skip("one GQA family is enough")
+    old, s = history(tag=f"budget-{uuid.uuid4().hex[:8]}"), f"budget-{uuid.uuid4().hex[:8]}"
+    client.create_session(old, session_id=s)
+    (outcome,) = client.apply(s, [Directive(span=Span(start=3, end=4), replacement=REPLACEMENT,
+                                            mode="auto")]).outcomes
+    decision = outcome.auto
+    assert decision.choice == "amortize" and decision.layer1_change > 0, decision
+    assert decision.drift_repair_tokens > 0 and decision.session_drift == 0.0, decision
+    assert outcome.applied_mode == "forget" and outcome.rotated_tokens == 0, outcome
+    tol = 5e-2 if server.dtype == "bfloat16" else 2e-2
+    assert_same_generation(greedy(client, s, EXPECTED[name].compared_tokens),
+                           fresh_reference(family, edited(old, 3, REPLACEMENT)), tol)

@@ -9,7 +9,7 @@ pytest.importorskip("vllm", reason="vLLM is not installed here: run `make test-v
 
 from vllm.v1.core.block_pool import BlockPool  # noqa: E402
 
-from leyline_vllm.holds import HoldTable  # noqa: E402
+from leyline_vllm.kv.holds import HoldTable  # noqa: E402
 
 POOL = 33  # block 0 is vLLM's null block: 32 usable
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import time
+import uuid
 
 import httpx
 import numpy as np
@@ -46,7 +47,7 @@ def amortize(client: LeylineClient, session_id: str, messages: list[Message]):
 def test_a_held_block_splice_equals_a_host_tier_splice_bit_for_bit(base_url):
     """One history, one edit: a session whose snapshot stayed in the paged cache and one whose snapshot
     was released to the host tier load and rotate the very same rows."""
-    old = history()
+    old = history(tag=uuid.uuid4().hex[:12])
     held, spilled = sid("held"), SPILL_SESSIONS[0]
     with LeylineClient(base_url, timeout=600) as client:
         for s in (held, spilled):
@@ -75,12 +76,17 @@ def test_a_held_block_splice_equals_a_host_tier_splice_bit_for_bit(base_url):
 
 @pytest.fixture(scope="module")
 def small_pool(checkpoint, tmp_path_factory):
-    """No host tier, a 30 s TTL and a pool of 2048 tokens (+ vLLM's null block)."""
+    """No host tier, a 30 s TTL and a pool of 2048 tokens (+ vLLM's null block). The block size is the
+    backend's (CPU MLA: 16 without AMX, any multiple of 32 with it, where the server asks for 32): the pool
+    is counted in it, and the test reads the size the server reports."""
     env = {"LEYLINE_VLLM_HOLD_TTL_S": str(HOLD_TTL_S), "LEYLINE_VLLM_HOLD_FRACTION": "1",
            "LEYLINE_VLLM_HOST_TIER_GIB": "0", "LEYLINE_VLLM_DEBUG_ROUTES": "1"}
-    block = 32 if vllm_on_cpu() and has_amx() else 16  # as serve_command picks it
+    block = 32 if vllm_on_cpu() and has_amx() else 16  # as serve_command asks for it
     extra = ["--num-gpu-blocks-override", str(POOL_TOKENS // block + 1), "--max-model-len", str(MAX_MODEL_LEN)]
     with VllmServer(checkpoint, tmp_path_factory.mktemp("vllm-small-pool"), env=env, extra=extra) as srv:
+        served = re.search(r'vllm:cache_config_info\{[^}]*block_size="(\d+)"', httpx.get(f"{srv.base_url}/metrics").text)
+        assert served and int(served.group(1)) == block, f"served blocks of {served and served.group(1)}, counted {block}"
+        srv.block = block
         yield srv
 
 
@@ -107,13 +113,15 @@ def plain_completion(base_url: str, tokens: int) -> dict:
     return r.json()
 
 
-def test_pressure_releases_the_oldest_holds_so_new_requests_get_blocks(small_pool, block):
-    base_url = small_pool.base_url
+def test_pressure_releases_the_oldest_holds_so_new_requests_get_blocks(small_pool):
+    base_url, block = small_pool.base_url, small_pool.block
     started = time.monotonic()
     with LeylineClient(base_url, timeout=300) as client:
         sessions = [sid(f"p{i}") for i in range(4)]
+        # each its own text: with vLLM's prefix cache on, sessions of one text would share their blocks
+        histories = {s: history(6, tag=s) for s in sessions}
         for s in sessions:
-            info = client.create_session(history(6), session_id=s)
+            info = client.create_session(histories[s], session_id=s)
         per_session = -(-info.num_tokens // block)
         held = int(metric(base_url, "leyline_held_blocks"))
         assert held == 4 * per_session, (held, per_session)  # no release yet
@@ -122,15 +130,15 @@ def test_pressure_releases_the_oldest_holds_so_new_requests_get_blocks(small_poo
         out = plain_completion(base_url, min(MAX_MODEL_LEN - 8, (free + per_session // 2) * block))
         assert out["usage"]["prompt_tokens"] > free * block, (out["usage"], free)
         # the oldest session's hold is gone: its edit falls back, named, and computes the rows
-        outcome = amortize(client, sessions[0], history(6))
-        assert outcome.applied_mode == "forget"
+        outcome = amortize(client, sessions[0], histories[sessions[0]])
+        assert outcome.applied_mode == "forget", outcome
         assert outcome.fallback_reason and outcome.fallback_reason.startswith("hold_released: pressure")
         assert outcome.recomputed_tokens > outcome.token_start
         assert metric(base_url, "leyline_hold_releases", reason="pressure") >= 1
         assert metric(base_url, "leyline_load_fallbacks", reason="hold_released") >= 1
         assert metric(base_url, "leyline_host_tier_bytes") == 0  # no host tier: never a host copy
         # the session is whole again: its next edit amortizes from its new hold
-        again = amortize(client, sessions[0], edited(history(6), 3, REPLACEMENT))
+        again = amortize(client, sessions[0], edited(histories[sessions[0]], 3, REPLACEMENT))
         assert again.fallback_reason is None or not again.fallback_reason.startswith("hold_released")
         for s in sessions:
             client.delete_session(s)
@@ -141,10 +149,10 @@ def test_ttl_releases_an_idle_hold(small_pool):
     base_url = small_pool.base_url
     with LeylineClient(base_url, timeout=300) as client:
         s = sid("idle")
-        client.create_session(history(6), session_id=s)
+        client.create_session(history(6, tag=s), session_id=s)
         time.sleep(HOLD_TTL_S + 1)
         plain_completion(base_url, 8)  # any request steps the engine, which checks the TTL
-        outcome = amortize(client, s, history(6))
+        outcome = amortize(client, s, history(6, tag=s))
         assert outcome.fallback_reason and outcome.fallback_reason.startswith("hold_released: ttl"), outcome
         assert metric(base_url, "leyline_hold_releases", reason="ttl") >= 1
         assert metric(base_url, "leyline_host_tier_bytes") == 0

@@ -1,4 +1,4 @@
-"""leyline_vllm.rope against vLLM's own rotary objects (no server) and transformers' RoPE as the fp64 oracle.
+"""leyline_vllm.kv.rope against vLLM's own rotary objects (no server) and transformers' RoPE as the fp64 oracle.
 
 For each scaling vLLM builds with ``get_rope``, the inverse frequencies Leyline reads must equal what
 transformers computes for the same parameters (in float64), and must reproduce the object's own cos/sin
@@ -18,7 +18,7 @@ from transformers import LlamaConfig  # noqa: E402
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS  # noqa: E402
 from vllm.model_executor.layers.rotary_embedding import get_rope  # noqa: E402
 
-from leyline_vllm.rope import UnsupportedModel, rope_spec  # noqa: E402
+from leyline_vllm.kv.rope import UnsupportedModel, rope_spec  # noqa: E402
 
 HEAD, MAX_POS = 64, 4096
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 
-from .request_params import LoadReport
+from ..kv.wire import LoadReport
 
 
 @dataclass

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata, KVConnectorWorkerMetadata
 
 from .holds import Spill
-from .plan import RowCopy
+from .wire import RowCopy
 
 
 @dataclass

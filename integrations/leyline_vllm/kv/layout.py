@@ -11,7 +11,7 @@ per row, rotated by ``leyline_kernels.rotate_and_splice``:
   ``rotary_dim`` dims of K (partial rotary included), V is copied as it is.
 
 Where those rows are is not assumed for either: at registration
-:func:`~leyline_vllm.probe.probe_row_map` writes coded rows into three blocks
+:func:`~leyline_vllm.kv.probe.probe_row_map` writes coded rows into three blocks
 through the backend's own cache write (``impl.do_kv_cache_update``) and maps
 every element. Where each row is one contiguous run (MLA caches; all of vLLM
 0.32's CUDA layouts for standard attention, K and V side by side) rows are
@@ -20,7 +20,7 @@ backend's blocks of K rows then V rows, prepacked tiles) element by element
 through the map (:class:`MappedRows`).
 
 Anything the probe or the rotary check cannot vouch for raises
-:class:`~leyline_vllm.rope.UnsupportedModel` with the reason: the connector
+:class:`~leyline_vllm.kv.rope.UnsupportedModel` with the reason: the connector
 then serves the model with every directive applied as ``forget``.
 """
 
@@ -86,7 +86,7 @@ class ContiguousRows:
 
 class MappedRows:
     """One layer's cache as ``[slots, rows_per_token, width]`` rows gathered and scattered element
-    by element through the probe's :class:`~leyline_vllm.probe.RowMap` (any layout that repeats per
+    by element through the probe's :class:`~leyline_vllm.kv.probe.RowMap` (any layout that repeats per
     block: the CPU backend's head-major blocks, prepacked tiles)."""
 
     def __init__(self, cache: torch.Tensor, row_map: RowMap, layout: SpliceLayout):

@@ -46,6 +46,7 @@ from leyline_sdk.protocol import (
 )
 from leyline_sdk.tools_prompt import TOOL_CALL, tools_message
 
+from .auto_edits import AutoRule, auto_config_from_env
 from .metrics import register_collector
 from .service import LeylineService
 from .template import ChatRenderer
@@ -165,7 +166,8 @@ def build_router(original_chat: APIRoute | None) -> APIRouter:
         @router.get("/leyline/debug/sessions/{session_id}/rows", include_in_schema=False)
         async def session_rows(request: Request, session_id: str):
             layer = int(request.query_params.get("layer", "0"))
-            rows = await _service(request).snapshot_rows(_check_id(session_id), layer)
+            rank = int(request.query_params.get("rank", "0"))  # tensor parallel: each rank holds its heads
+            rows = await _service(request).snapshot_rows(_check_id(session_id), layer, rank)
             if rows is None:
                 raise LeylineError("the session has no saved rows", code="not_found", status_code=404)
             return {"shape": rows["shape"], "dtype": rows["dtype"], "data": base64.b64encode(rows["data"]).decode()}
@@ -270,7 +272,8 @@ class LeylineEndpoints:
             engine_client, ChatRenderer(tokenizer), block_size=config.cache_config.block_size,
             max_model_len=config.model_config.max_model_len,
             model_name=names[0] if names else config.model_config.model,
-            refusal=None if support.get("supported") else support.get("reason"))
+            refusal=None if support.get("supported") else support.get("reason"),
+            auto=AutoRule(auto_config_from_env(), num_layers=int(support.get("layers") or 0)))
         state.leyline_support = support
         register_collector(state.leyline)
 

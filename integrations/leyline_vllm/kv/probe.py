@@ -12,7 +12,7 @@ It touches only those three blocks: the dimension of the cache view that counts 
 to them before anything is read, so the extra memory is a few blocks' worth whatever the pool's
 size (on a GPU vLLM has given most of its memory to the pool before the connector registers, and
 a scan of a whole layer view, which CUDA makes contiguous first, could run it out of memory).
-Every way the probe can fail raises :class:`~leyline_vllm.rope.UnsupportedModel` with the reason.
+Every way the probe can fail raises :class:`~leyline_vllm.kv.rope.UnsupportedModel` with the reason.
 """
 
 from __future__ import annotations
@@ -135,7 +135,6 @@ def _row_map(offsets: torch.Tensor, read: list[torch.Tensor], *, block_size: int
         return (read[2 * k].to(torch.int32) - 1) + (read[2 * k + 1].to(torch.int32) - 1) * _CODE_RADIX
 
     token, row, col = field(0), field(1), field(2)
-    del read
     if not bool(((token < n) & (row < rows_per_token) & (col < row_width)).all()):
         raise UnsupportedModel("the layout probe read codes it did not write")
     rows = torch.full((n, rows_per_token, row_width), -1, dtype=torch.int64)

@@ -14,22 +14,10 @@ prefilled by a first request that ends where they end (:class:`TurnPlan`).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from difflib import SequenceMatcher
 
-
-@dataclass(frozen=True)
-class RowCopy:
-    src_key: str
-    src_start: int
-    dst_start: int
-    count: int
-
-    delta: int = 0
-
-    @property
-    def dst_end(self) -> int:
-        return self.dst_start + self.count
+from ..kv.wire import RowCopy
 
 
 @dataclass
@@ -61,6 +49,9 @@ class TurnPlan:
     prefill_upto: int = 0
     rotated: RowCopy | None = None
     reason: str | None = None  # why no rotation was planned where one was asked for
+    # the first tokens of the moved run, computed exactly instead of rotated (mode auto's signal and
+    # repair window): where their old rows were and where they go, for comparing the two
+    window: RowCopy | None = None
 
     @property
     def rotated_tokens(self) -> int:
@@ -76,7 +67,7 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 
 
 def plan_turn(snapshot: Snapshot | None, prompt: list[int], *, rotate: bool, min_rotated: int,
-              moved: tuple[int, int] | None = None) -> TurnPlan:
+              moved: tuple[int, int] | None = None, window: int = 0, keep: int | None = None) -> TurnPlan:
     """Plan ``prompt`` against ``snapshot``.
 
     Always keeps the common prefix (exact). With ``rotate`` (amortize), the
@@ -89,11 +80,15 @@ def plan_turn(snapshot: Snapshot | None, prompt: list[int], *, rotate: bool, min
     where the caller knows it (one directive): the run that starts there is
     taken if it is long enough, without searching the whole prompt (a
     sequence match over a 2k-token history costs milliseconds).
+
+    ``window``: the moved run's first ``window`` tokens are computed exactly (in the edited context,
+    right after the replacement) instead of rotated; the rest of the run is rotated if it is still long
+    enough. ``keep``: keep at most this many prefix tokens (what follows is recomputed: a drift repair).
     """
     if snapshot is None or not snapshot.token_ids:
         return TurnPlan(prefix=0)
     old = snapshot.token_ids
-    prefix = common_prefix(old, prompt)
+    prefix = common_prefix(old, prompt) if keep is None else min(keep, common_prefix(old, prompt))
     first = [RowCopy(snapshot.key, 0, 0, prefix)] if prefix else []
     if not rotate:
         return TurnPlan(prefix=prefix, first=first)
@@ -103,8 +98,14 @@ def plan_turn(snapshot: Snapshot | None, prompt: list[int], *, rotate: bool, min
     if run is None or run.count < min_rotated:
         why = "nothing after the edit is long enough to rotate" if prefix < len(old) else None
         return TurnPlan(prefix=prefix, first=first, reason=why)
-    return TurnPlan(prefix=prefix, first=first, prefill_upto=run.dst_start,
-                    rotated=RowCopy(snapshot.key, run.src_start, run.dst_start, run.count, run.dst_start - run.src_start))
+    delta = run.dst_start - run.src_start
+    exact = RowCopy(snapshot.key, run.src_start, run.dst_start, min(window, run.count), delta) if window else None
+    w = exact.count if exact else 0
+    if run.count - w < min_rotated:
+        return TurnPlan(prefix=prefix, first=first, prefill_upto=run.dst_start + w, window=exact,
+                        reason="nothing after the window is long enough to rotate")
+    return TurnPlan(prefix=prefix, first=first, prefill_upto=run.dst_start + w, window=exact,
+                    rotated=RowCopy(snapshot.key, run.src_start + w, run.dst_start + w, run.count - w, delta))
 
 
 def _run_at(old: list[int], new: list[int], prefix: int, src: int, dst: int) -> RowCopy | None:
@@ -126,32 +127,3 @@ def _longest_moved_run(old: list[int], new: list[int], prefix: int) -> RowCopy |
         if size and (best is None or size > best.count):
             best = RowCopy("", prefix + a, prefix + b, size)
     return best
-
-
-def truncate(copies: list[RowCopy], limit: int) -> list[RowCopy]:
-    """The copies cut to destination positions ``[0, limit)``."""
-    out = []
-    for c in copies:
-        if c.dst_start >= limit:
-            break
-        count = min(c.count, limit - c.dst_start)
-        out.append(RowCopy(c.src_key, c.src_start, c.dst_start, count, c.delta))
-    return out
-
-
-def covered(copies: list[RowCopy]) -> int:
-    """Destination tokens covered from position 0 without a gap."""
-    end = 0
-    for c in copies:
-        if c.dst_start != end:
-            break
-        end = c.dst_end
-    return end
-
-
-def to_wire(copies: list[RowCopy]) -> list[dict]:
-    return [asdict(c) for c in copies]
-
-
-def from_wire(items: list[dict]) -> list[RowCopy]:
-    return [RowCopy(**item) for item in items]

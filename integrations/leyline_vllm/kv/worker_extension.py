@@ -1,6 +1,6 @@
 """Worker methods the endpoint reaches through ``engine_client.collective_rpc``.
 
-Enabled with ``--worker-extension-cls leyline_vllm.worker.LeylineWorkerExtension``
+Enabled with ``--worker-extension-cls leyline_vllm.kv.worker_extension.LeylineWorkerExtension``
 (vLLM mixes the class into its Worker).
 """
 
@@ -25,12 +25,18 @@ def _connector():
 class LeylineWorkerExtension:
     def leyline_support(self) -> dict:
         """Whether this model's cache is spliced, with the layout or the reason it is not."""
-        return _connector().support()
+        return _connector().worker.support()
+
+    def leyline_drift(self, old_key: str, old_start: int, new_key: str, new_start: int, count: int
+                      ) -> list[float] | None:
+        """Per layer, how far the rows an amortize would move differ from the rows computed exactly in the
+        edited context (``WorkerSide.drift``): mode ``auto``'s signal on vLLM."""
+        return _connector().worker.drift(old_key, old_start, new_key, new_start, count)
 
     def leyline_rows(self, key: str, layer: int) -> dict | None:
         """One layer of a snapshot (from its held blocks, else the host tier) as float32 bytes
         (diagnostics and tests)."""
-        layers = _connector().snapshot_rows(key)
+        layers = _connector().worker.snapshot_rows(key)
         if layers is None:
             return None
         rows = layers[layer].to(torch.float32).cpu().contiguous()

@@ -1,12 +1,12 @@
 """The host tier: copies of released holds' rows (host memory, LRU under a byte budget).
 
 A session's rows live in vLLM's paged cache while its hold lasts
-(:mod:`leyline_vllm.holds`). When a hold is released for its TTL, the pool's
+(:mod:`leyline_vllm.kv.holds`). When a hold is released for its TTL, the pool's
 pressure or the hold budget, and this tier has a budget
 (``LEYLINE_VLLM_HOST_TIER_GIB`` > 0), the worker first copies the rows here, so
 the session's next turn still loads them instead of recomputing. One
 ``[tokens, width]`` tensor per attention layer, in the cache's own dtype (a
-token's rows as :mod:`leyline_vllm.layout` defines them: MLA's ``c_kv | k_pe``,
+token's rows as :mod:`leyline_vllm.kv.layout` defines them: MLA's ``c_kv | k_pe``,
 or ``K | V`` per KV head). With a budget of 0 (the default) nothing is ever
 copied and the tier holds 0 bytes.
 """

@@ -1,4 +1,8 @@
-"""The ``kv_transfer_params`` a request carries to :class:`LeylineConnector`.
+"""The wire between vLLM's processes: the ``kv_transfer_params`` a request carries from the API server
+to :class:`~leyline_vllm.kv.connector.LeylineConnector`, and back.
+
+A request's row plan is a list of :class:`RowCopy`: a run of a snapshot's rows moved to new positions
+(``delta = dst - src``; the worker rotates the rope part by ``delta``).
 
 ``{"leyline": {"session": label, "load": [RowCopy...], "save": key, "release": [key...]}}`` going in;
 ``{"leyline": {"local_hit", "loaded", "fallback", "saved", "saved_tokens", "residency"}}`` coming back
@@ -8,11 +12,54 @@ this request finished).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from .plan import RowCopy, to_wire
+from dataclasses import asdict, dataclass
 
 PARAMS_KEY = "leyline"
+
+
+@dataclass(frozen=True)
+class RowCopy:
+    src_key: str
+    src_start: int
+    dst_start: int
+    count: int
+
+    delta: int = 0
+
+    @property
+    def dst_end(self) -> int:
+        return self.dst_start + self.count
+
+
+def truncate(copies: list[RowCopy], limit: int) -> list[RowCopy]:
+    """The copies cut to destination positions ``[0, limit)``."""
+    out = []
+    for c in copies:
+        if c.dst_start >= limit:
+            break
+        count = min(c.count, limit - c.dst_start)
+        out.append(RowCopy(c.src_key, c.src_start, c.dst_start, count, c.delta))
+    return out
+
+
+def covered(copies: list[RowCopy]) -> int:
+    """Destination tokens covered from position 0 without a gap."""
+    end = 0
+    for c in copies:
+        if c.dst_start != end:
+            break
+        end = c.dst_end
+    return end
+
+
+def to_wire(copies: list[RowCopy]) -> list[dict]:
+    return [asdict(c) for c in copies]
+
+
+def from_wire(items: list[dict]) -> list[RowCopy]:
+    return [RowCopy(**item) for item in items]
+
+
 
 
 def request_params(session: str, load: list[RowCopy], save: str | None, release: list[str] = ()) -> dict:

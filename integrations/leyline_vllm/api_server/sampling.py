@@ -1,0 +1,28 @@
+"""Sampling parameters into vLLM's form, and vLLM's logprobs back into Leyline's."""
+
+from __future__ import annotations
+
+from leyline_sdk.protocol import GenerateRequest, TokenLogprob, TopLogprob
+
+from .engine import EngineResult
+
+
+def vllm_sampling(body: GenerateRequest, max_tokens: int) -> dict:
+    out = {"max_tokens": max_tokens, "temperature": body.temperature, "top_p": body.top_p,
+           "top_k": body.top_k or 0, "seed": body.seed, "stop": body.stop_strings() or None,
+           "min_tokens": min(body.min_tokens, max_tokens)}
+    if body.logprobs:
+        out["logprobs"] = max(1, body.top_logprobs)
+    return out
+
+
+def token_logprobs(result: EngineResult, top_k: int) -> list[TokenLogprob]:
+    out = []
+    for token_id, options in zip(result.token_ids, result.logprobs or []):
+        chosen = options[token_id]
+        ranked = sorted(options.values(), key=lambda lp: lp.rank)
+        top = [TopLogprob(token=lp.decoded_token or "", logprob=lp.logprob,
+                          bytes=list((lp.decoded_token or "").encode())) for lp in ranked[:top_k]]
+        out.append(TokenLogprob(token=chosen.decoded_token or "", logprob=chosen.logprob,
+                                bytes=list((chosen.decoded_token or "").encode()), top_logprobs=top))
+    return out

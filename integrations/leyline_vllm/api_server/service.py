@@ -1,0 +1,306 @@
+"""Leyline sessions on vLLM: message histories, versions, and the rows behind them.
+
+A session is a message history (:class:`~.session.VllmSession`); its token ids come from the model's
+chat template (:class:`~.template.ChatRenderer`). Its KV rows are one *snapshot*: the blocks of the last
+prompt vLLM ran for it, held in vLLM's paged cache between turns (:mod:`leyline_vllm.kv.holds`; each
+request releases the snapshot it supersedes). Every step that changes the history runs one prompt
+through vLLM with a row plan (:mod:`.row_sync`).
+
+A model whose cache the worker cannot splice (``refusal``: the connector's reason, see
+:mod:`leyline_vllm.kv.rope` and :mod:`leyline_vllm.kv.layout`) is served all the same: prompts run
+without row plans, vLLM's own prefix cache keeps what it can, and each ``amortize`` that would have
+rotated rows is applied as ``forget`` with ``fallback_reason: "unsupported_runtime: <why>"``.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+import uuid
+from dataclasses import dataclass
+
+from leyline_runtime.auto_rule import AutoConfig, DriftState
+from leyline_sdk.batch_plan import BatchPlan, plan_batch
+from leyline_sdk.diff import apply_directives
+from leyline_sdk.errors import CapacityExceeded, SessionExists, SessionNotFound
+from leyline_sdk.tools_prompt import parse_assistant
+from leyline_sdk.protocol import (
+    AppendResult,
+    DirectiveBatch,
+    DirectiveOutcome,
+    DirectiveResult,
+    GenerateRequest,
+    GenerateResponse,
+    Message,
+    Mode,
+    Segment,
+    SessionCreate,
+    SessionInfo,
+    Usage,
+    check_version,
+)
+
+from .auto_edits import AutoRule
+from .edits import EditSpans, directive_outcomes, edited
+from .metrics import ReplicaStats
+from .row_sync import RowSync, Sync
+from .sampling import token_logprobs, vllm_sampling
+from .session import VllmSession
+from .template import ChatRenderer
+
+REBUILT_VERSION_RANGE = 2**31  # where a rebuilt session's versions start (see create)
+
+
+@dataclass
+class ChatTurn:
+    response: GenerateResponse
+    outcomes: list[DirectiveOutcome]
+    appended: int
+    rebuilt: bool
+    # why the session was (re)built from the request: "unknown_session" (this replica did not hold a
+    # session whose history already has replies: a restart, a re-hash), "too_many_edits"; None otherwise
+    rebuild_reason: str | None = None
+    built: bool = False  # this replica did not hold the session: it was built from the request
+
+    @property
+    def prefilled(self) -> int:
+        """Prompt tokens computed for this request: by its directives and by the generation."""
+        return sum(o.recomputed_tokens for o in self.outcomes) + self.response.usage.prefill_tokens
+
+
+class LeylineService:
+    def __init__(self, engine_client, renderer: ChatRenderer, *, block_size: int, max_model_len: int,
+                 model_name: str, refusal: str | None = None, auto: AutoRule | None = None):
+        self.engine = engine_client
+        self.auto = auto or AutoRule(AutoConfig(), num_layers=0)  # mode auto's thresholds and the model's depth
+        self.refusal = refusal  # why the worker does not splice this model's cache (None: it does)
+        self.renderer = renderer
+        self.max_model_len = max_model_len
+        self.model_name = model_name
+        self.sessions: dict[str, VllmSession] = {}
+        self.stats = ReplicaStats()  # served on /metrics (leyline_vllm.api_server.metrics)
+        self.rows = RowSync(engine_client, block_size=block_size, refusal=refusal, stats=self.stats)
+
+    # -- sessions ---------------------------------------------------------------------------
+
+    async def create(self, body: SessionCreate, rebuild_reason: str | None = None) -> SessionInfo:
+        """``rebuild_reason``: the client rebuilds a session it had (the SDK's ``X-Leyline-Rebuild``)."""
+        sid = body.session_id or f"sess_{uuid.uuid4().hex[:16]}"
+        if sid in self.sessions:
+            raise SessionExists(f"session {sid} already exists")
+        session = VllmSession(sid, drift=DriftState(budget=self.auto.config.drift_budget))
+        self.sessions[sid] = session
+        self.stats.created += 1
+        if rebuild_reason is not None:
+            self.stats.rebuilt(rebuild_reason)
+            # Another replica may still hold an older copy (a failover, a re-hash): this copy's versions
+            # start at a random point, so no expected_version meant for one can match the other.
+            session.version = secrets.randbelow(REBUILT_VERSION_RANGE)
+        async with session.lock:
+            try:
+                if body.messages:
+                    await self._append(session, body.messages)
+            except BaseException:
+                self.sessions.pop(sid, None)
+                raise
+            return self.info(session)
+
+    def get(self, sid: str) -> VllmSession:
+        session = self.sessions.get(sid)
+        if session is None:
+            self.stats.not_found += 1
+            raise SessionNotFound(f"no session {sid}")
+        return session
+
+    def info(self, session: VllmSession, include_messages: bool = False) -> SessionInfo:
+        bounds = self.renderer.segments(session.messages)
+        segments = [Segment(index=i, message_id=m.id, role=m.role, start=a, end=b)
+                    for i, (m, (a, b)) in enumerate(zip(session.messages, bounds))]
+        return SessionInfo(session_id=session.session_id, version=session.version,
+                           num_tokens=bounds[-1][1] if bounds else 0, num_messages=len(session.messages),
+                           segments=segments, counters=session.counters.model_copy(),
+                           messages=list(session.messages) if include_messages else None)
+
+    async def delete(self, sid: str) -> None:
+        session = self.get(sid)
+        async with session.lock:
+            if self.sessions.pop(sid, None) is not None:
+                self.stats.retire(session.counters)
+            if session.snapshot:
+                self.rows.release_later([session.snapshot.key])
+
+    async def append(self, sid: str, messages: list[Message], expected_version: int | None) -> AppendResult:
+        session = self.get(sid)
+        async with session.lock:
+            check_version(session.session_id, session.version, expected_version)
+            sync = await self._append(session, messages)
+            n = sync.last.prompt_len
+            return AppendResult(session_id=sid, version=session.version, num_tokens=n,
+                                num_messages=len(session.messages),
+                                usage=Usage(prompt_tokens=n, cached_tokens=n - sync.computed,
+                                            prefill_tokens=sync.computed, total_tokens=n))
+
+    async def generate(self, sid: str, body: GenerateRequest) -> GenerateResponse:
+        session = self.get(sid)
+        async with session.lock:
+            check_version(session.session_id, session.version, body.expected_version)
+            response, _, _ = await self._generate(session, body)
+            return response
+
+    async def apply(self, batch: DirectiveBatch) -> DirectiveResult:
+        session = self.get(batch.session_id)
+        async with session.lock:
+            check_version(session.session_id, session.version, batch.expected_version)
+            return await self._apply(session, batch)
+
+    async def chat(self, sid: str, messages: list[Message], mode: Mode, sampling: GenerateRequest) -> ChatTurn:
+        """A session-bound chat request: diff the history against the session's, apply the edits as one
+        batch, generate. A session that does not exist is built from the request.
+
+        The edits and the generation run as one prompt through vLLM (two where an amortized
+        replacement must be prefilled first): applying the batch on its own and then generating
+        would load the whole history's rows a second time."""
+        created, rebuilt, reason = sid not in self.sessions, False, None
+        if created:
+            # Built from the request. A history that already holds a reply was served elsewhere (another
+            # replica, this one before a restart): a rebuild, named. Without one it is a new session.
+            rebuilt = any(m.role == "assistant" for m in messages)
+            reason = "unknown_session" if rebuilt else None
+            await self.create(SessionCreate(session_id=sid), rebuild_reason=reason)
+        session = self.get(sid)
+        async with session.lock:
+            batch, tail = None, list(messages)
+            if not created:
+                plan = plan_chat_batch(session.messages, messages, mode)
+                if plan.rebuild:  # too many edits for one batch: the history starts afresh from the request
+                    await self._reset(session)
+                    rebuilt, reason = True, "too_many_edits"
+                    self.stats.rebuilt(reason)
+                else:
+                    tail = plan.tail
+                    # id-only edits render the same: new ids, no rows touched (as the SDK's shadow)
+                    session.messages = apply_directives(session.messages, plan.local)
+                    if plan.directives:
+                        batch = DirectiveBatch(session_id=sid, directives=plan.directives)
+                        self.stats.directives += len(plan.directives)
+            body = sampling.model_copy(update={"messages": tail})
+            response, _, outcomes = await self._generate(session, body, edits=batch)
+        return ChatTurn(response, outcomes, len(tail), rebuilt, reason, created)
+
+    async def _reset(self, session: VllmSession) -> None:
+        """Empty the session (its saved rows dropped); the caller holds its lock."""
+        if session.snapshot:
+            self.rows.release_later([session.snapshot.key])
+        session.snapshot, session.messages = None, []
+        session.version += 1
+
+    # -- the steps (callers hold the session's lock) ------------------------------------------
+
+    async def _append(self, session: VllmSession, messages: list[Message]) -> Sync:
+        history = session.messages + list(messages)
+        ids = self._ids(history)
+        sync = await self.rows.sync(session, ids, rotate=False)
+        session.messages = history
+        session.version += 1
+        session.counters.prefilled_tokens += sync.computed
+        session.counters.reused_tokens += sync.reused
+        return sync
+
+    async def _generate(self, session: VllmSession, body: GenerateRequest, edits: DirectiveBatch | None = None
+                        ) -> tuple[GenerateResponse, Sync, list[DirectiveOutcome]]:
+        """Generate after ``body.messages``; with ``edits``, the batch is applied first in the same pass
+        (its own version, its outcomes returned)."""
+        base = session.messages if edits is None else edited(session.messages, edits)
+        history = base + list(body.messages)
+        # measured before anything runs: nothing may fail once vLLM has generated
+        spans = self._edit_spans(session.messages, edits) if edits is not None else None
+        # one tokenization: the prompt's ids and, with edits, where the edited history ends in them
+        # (and where the first message after a single edit starts)
+        at = None if spans is None else [len(base)] + ([spans.after] if spans.after is not None else [])
+        ids, bounds = self._encode(history, generation_prompt=True, bounds_at=at)
+        edited_len = bounds[0] if bounds else 0
+        room = self.max_model_len - len(ids)
+        if room < 1:
+            raise CapacityExceeded(f"the prompt has {len(ids)} tokens; the model takes {self.max_model_len}")
+        sampling = vllm_sampling(body, min(body.max_tokens, room))
+        sync = await self.rows.sync(session, ids, rotate=spans is not None and spans.rotate, sampling=sampling,
+                                    moved=spans.moved(bounds[1:]) if spans is not None else None,
+                                    auto=self.auto if spans is not None and spans.auto else None,
+                                    edit_start=spans.start if spans is not None else 0)
+        result = sync.last
+        generation_computed = sync.computed
+        outcomes: list[DirectiveOutcome] = []
+        if spans is not None:  # the edits recomputed every computed row before the appended messages
+            generation_computed = min(result.computed, max(0, len(ids) - edited_len))
+            outcomes = directive_outcomes(spans, sync, sync.computed - generation_computed)
+            session.version += 1
+            session.counters.reused_tokens += sync.reused
+            session.counters.rotated_tokens += sync.rotated
+            session.counters.recomputed_tokens += sync.computed - generation_computed
+        message = parse_assistant(result.text, call_id_prefix=f"call_{session.session_id[-8:]}_{session.version}").message()
+        session.messages = history + [message]
+        session.version += 1
+        session.counters.prefilled_tokens += generation_computed
+        # as a generation after a separate edit would count it: the whole edited history was there
+        session.counters.reused_tokens += edited_len if spans is not None else sync.reused
+        finish = "tool_calls" if message.tool_calls else ("length" if result.finish_reason == "length" else "stop")
+        n_out = len(result.token_ids)
+        usage = Usage(prompt_tokens=len(ids), cached_tokens=len(ids) - generation_computed,
+                      prefill_tokens=generation_computed, completion_tokens=n_out, total_tokens=len(ids) + n_out)
+        response = GenerateResponse(session_id=session.session_id, message=message, finish_reason=finish,
+                                    usage=usage, logprobs=token_logprobs(result, body.top_logprobs) if body.logprobs else None,
+                                    version=session.version)
+        return response, sync, outcomes
+
+    async def _apply(self, session: VllmSession, batch: DirectiveBatch) -> DirectiveResult:
+        started = time.perf_counter()
+        new = edited(session.messages, batch)
+        spans = self._edit_spans(session.messages, batch)
+        ids, bounds = self._encode(new, bounds_at=[spans.after] if spans.after is not None else None)
+        sync = await self.rows.sync(session, ids, rotate=spans.rotate, moved=spans.moved(bounds),
+                                    auto=self.auto if spans.auto else None, edit_start=spans.start)
+        session.messages = new
+        session.version += 1
+        self.stats.directives += len(batch.directives)
+        session.counters.reused_tokens += sync.reused
+        session.counters.rotated_tokens += sync.rotated
+        session.counters.recomputed_tokens += sync.computed
+        return DirectiveResult(session_id=session.session_id, version=session.version, num_tokens=len(ids),
+                               num_messages=len(new), outcomes=directive_outcomes(spans, sync, sync.computed),
+                               elapsed_ms=(time.perf_counter() - started) * 1000)
+
+    def _edit_spans(self, old: list[Message], batch: DirectiveBatch) -> EditSpans:
+        bounds = self.renderer.segments(old)
+        old_len = bounds[-1][1] if bounds else 0
+        spans = []
+        for d in sorted(batch.directives, key=lambda d: (d.span.start, d.span.end)):
+            start = bounds[d.span.start][0] if d.span.start < len(old) else old_len
+            end = bounds[d.span.end - 1][1] if d.span.end > d.span.start else start
+            spans.append((d, start, end, len(self._ids(list(d.replacement))) if d.replacement else 0))
+        return EditSpans(spans, old_len, all(d.mode == "amortize" for d in batch.directives))
+
+    async def snapshot_rows(self, sid: str, layer: int, rank: int = 0) -> dict | None:
+        """One layer of the session's saved rows (diagnostics): shape, dtype, float32 bytes, positions."""
+        session = self.get(sid)
+        async with session.lock:
+            if session.snapshot is None:
+                return None
+            answers = await self.engine.collective_rpc("leyline_rows", args=(session.snapshot.key, layer))
+            return answers[rank] if rank < len(answers) else None
+
+    def _ids(self, messages: list[Message], generation_prompt: bool = False) -> list[int]:
+        return self._encode(messages, generation_prompt)[0]
+
+    def _encode(self, messages: list[Message], generation_prompt: bool = False,
+                bounds_at: list[int] | None = None) -> tuple[list[int], list[int]]:
+        ids, bounds = self.renderer.encode(messages, generation_prompt=generation_prompt, bounds_at=bounds_at or ())
+        if len(ids) > self.max_model_len:
+            raise CapacityExceeded(f"the history has {len(ids)} tokens; the model takes {self.max_model_len}")
+        return ids, bounds
+
+
+def plan_chat_batch(old: list[Message], messages: list[Message], mode: Mode) -> BatchPlan:
+    """The directive batch a session-bound chat request sends (the SDK's and the bundled runtime's planner)."""
+    return plan_batch(old, messages, mode=mode)
+
+
