@@ -24,7 +24,15 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from .config import (
-    CPU_GEMMS, DEFAULT_HOST, DEFAULT_PORT, DTYPES, KEEP_ALIVE_TIMEOUT, LOG_LEVELS, AutoConfig, Limits, RuntimeConfig,
+    CPU_GEMMS,
+    DEFAULT_HOST,
+    DEFAULT_PORT,
+    DTYPES,
+    KEEP_ALIVE_TIMEOUT,
+    LOG_LEVELS,
+    AutoConfig,
+    Limits,
+    RuntimeConfig,
 )
 from .extras import MissingExtra, require
 

@@ -19,7 +19,6 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -27,8 +26,17 @@ import torch
 from leyline_sdk.diff import apply_directives
 from leyline_sdk.errors import CapacityExceeded, SessionExists, SessionNotFound
 from leyline_sdk.protocol import (
-    AppendResult, Directive, DirectiveBatch, DirectiveResult, GenerateRequest, GenerateResponse, Message,
-    SessionCreate, SessionInfo, Usage, check_version,
+    AppendResult,
+    Directive,
+    DirectiveBatch,
+    DirectiveResult,
+    GenerateRequest,
+    GenerateResponse,
+    Message,
+    SessionCreate,
+    SessionInfo,
+    Usage,
+    check_version,
 )
 
 from leyline_runtime.admission import Admission
@@ -44,22 +52,11 @@ from .model.default import DEFAULT_MODEL_DIR
 from leyline_runtime.engine.sampling import LogitsProcessor
 from leyline_runtime.sessions.locks import KeyedLocks
 from leyline_runtime.sessions.session import Session
-from leyline_runtime.sessions.tenancy import Tenancy
+from leyline_runtime.sessions.tenancy import RuntimeStats, Tenancy
 from leyline_runtime.text.replies import content_logprobs, reply_message
 from leyline_runtime.text.tokenizer import ChatTokenizer
 
 DEFAULT_TENANT = "default"
-
-
-@dataclass
-class RuntimeStats:
-    prefilled_tokens: int = 0
-    reused_tokens: int = 0
-    rotated_tokens: int = 0
-    recomputed_tokens: int = 0
-    evictions: int = 0
-    drift_repairs: int = 0  # drift-budget re-prefills, all sessions
-    drift_repaired_tokens: int = 0
 
 
 class Runtime:

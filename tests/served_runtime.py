@@ -8,10 +8,11 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
-import openai
 import pytest
 
 
@@ -26,30 +27,39 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def serve_command(port: int) -> list[str]:
+def serve_command(port: int, args: list[str]) -> list[str]:
+    """``leyline-runtime serve`` on 127.0.0.1:``port`` with ``args``, from this interpreter's environment."""
     script = shutil.which("leyline-runtime", path=str(Path(sys.executable).parent))
     base = [script] if script else [sys.executable, "-m", "leyline_runtime.cli"]
-    return [*base, "serve", "--host", "127.0.0.1", "--port", str(port), "--max-cache-tokens", "8192",
-            "--api-key", API_KEY, "--admin-key", ADMIN_KEY, "--threads", "1", "--log-level", "warning"]
+    return [*base, "serve", "--host", "127.0.0.1", "--port", str(port), *args]
+
+
+@contextmanager
+def serving(args: list[str], log_path: Path) -> Iterator[str]:
+    """A ``leyline-runtime serve`` subprocess with ``args`` on a free port until the block ends; yields its URL."""
+    port = free_port()
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(serve_command(port, args), stdout=log, stderr=subprocess.STDOUT,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        wait_until_up(proc, port, log_path)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    port = free_port()
     log_path = tmp_path_factory.mktemp("serve") / "serve.log"
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(serve_command(port), stdout=log, stderr=subprocess.STDOUT,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    try:
-        wait_until_up(proc, port, log_path)
-        yield f"http://127.0.0.1:{port}", log_path
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    args = ["--max-cache-tokens", "8192", "--api-key", API_KEY, "--admin-key", ADMIN_KEY, "--threads", "1",
+            "--log-level", "warning"]
+    with serving(args, log_path) as url:
+        yield url, log_path
 
 
 def wait_until_up(proc: subprocess.Popen, port: int, log_path: Path) -> None:

@@ -27,6 +27,14 @@ class TenantStats:
     evictions: int = 0  # this tenant's sessions evicted
 
 
+@dataclass
+class RuntimeStats(TenantStats):
+    """The same counters for the whole runtime (every tenant), and its drift-budget repairs."""
+
+    drift_repairs: int = 0  # drift-budget re-prefills, all sessions
+    drift_repaired_tokens: int = 0
+
+
 class Tenancy:
     def __init__(self, num_blocks: int):
         self.num_blocks = num_blocks

@@ -10,26 +10,18 @@ import subprocess
 import sys
 from pathlib import Path
 
-from served_runtime import API_KEY, free_port, serve_command, wait_until_up
+from served_runtime import API_KEY, serving
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_langgraph_quickstart_edits_through_directives_and_names_a_rerun(tmp_path):
-    port = free_port()
-    log_path = tmp_path / "serve.log"
-    with open(log_path, "w") as log:
-        server = subprocess.Popen(serve_command(port), stdout=log, stderr=subprocess.STDOUT,
-                                  env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    try:
-        wait_until_up(server, port, log_path)
-        env = {**os.environ, "LEYLINE_BASE_URL": f"http://127.0.0.1:{port}", "LEYLINE_API_KEY": API_KEY}
+    args = ["--max-cache-tokens", "8192", "--api-key", API_KEY, "--threads", "1", "--log-level", "warning"]
+    with serving(args, tmp_path / "serve.log") as url:
+        env = {**os.environ, "LEYLINE_BASE_URL": url, "LEYLINE_API_KEY": API_KEY}
         first, rerun = (subprocess.run([sys.executable, str(ROOT / "examples" / "langgraph_quickstart.py")],
                                        env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
                         for _ in range(2))
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
     for run in (first, rerun):
         assert run.returncode == 0, run.stderr[-2000:]
         assert run.stdout.count("answer:") == 3

@@ -21,7 +21,6 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import shutil
 import subprocess
 import sys
 import tomllib
@@ -31,7 +30,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
-from served_runtime import free_port, wait_until_up
+from served_runtime import serving
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -123,25 +122,9 @@ def test_the_readme_installs_langchain_from_the_checkout_as_the_import_error_say
 @pytest.fixture(scope="module")
 def readme_server(tmp_path_factory) -> Iterator[str]:
     """``make serve ARGS="<the README's>"``'s command, on a free port."""
-    port = free_port()
-    script = shutil.which("leyline-runtime", path=str(Path(sys.executable).parent))
-    command = [*([script] if script else [sys.executable, "-m", "leyline_runtime.cli"]), "serve",
-               "--host", "127.0.0.1", "--port", str(port), *readme_server_args(README.read_text()),
-               "--threads", "1", "--log-level", "warning"]
-    log_path = tmp_path_factory.mktemp("readme-serve") / "serve.log"
-    with open(log_path, "w") as log:
-        server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
-                                  env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    try:
-        wait_until_up(server, port, log_path)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.terminate()
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
+    args = [*readme_server_args(README.read_text()), "--threads", "1", "--log-level", "warning"]
+    with serving(args, tmp_path_factory.mktemp("readme-serve") / "serve.log") as url:
+        yield url
 
 
 SNIPPETS = readme_snippets(README.read_text())

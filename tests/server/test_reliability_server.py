@@ -34,7 +34,8 @@ class Server:
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
-        command = _without_keys(serve_command(self.port))
+        # open (no API keys): these tests are about limits, not auth
+        command = serve_command(self.port, ["--max-cache-tokens", "8192", "--threads", "1", "--log-level", "warning"])
         with open(log_path, "w") as log:
             self.proc = subprocess.Popen([*command, *extra], stdout=log, stderr=subprocess.STDOUT,
                                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
@@ -47,20 +48,6 @@ class Server:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             return self.proc.wait()
-
-
-def _without_keys(command: list[str]) -> list[str]:
-    """The test server command, open (no API keys): these tests are about limits, not auth."""
-    out, skip = [], False
-    for arg in command:
-        if skip:
-            skip = False
-            continue
-        if arg in ("--api-key", "--admin-key"):
-            skip = True
-            continue
-        out.append(arg)
-    return out
 
 
 @pytest.fixture(scope="module")
