@@ -11,6 +11,8 @@
 #   make test-vllm     the vLLM plugin against a real `vllm serve` (builds its own .venv-vllm)
 #   make test-replicas two `vllm serve` replicas behind nginx (deploy/nginx-leyline.conf), one restarted
 #                      mid-run (installs Debian's nginx-light with apt-get where nginx is missing: root)
+#   make llama-server  llama.cpp's llama-server from the llama-cpp-python sdist (the peer of the vLLM benches),
+#                      built into .llama.cpp/ (benchmarks/llama_cpp/README.md)
 #   make gpu-wheels    the runtime's packages a GPU machine's image lacks, into .gpu-wheels (needs PyPI)
 #   make gpu-check     kernels, the vLLM plugin's layout probe, bandwidth, the runtime and a served session on
 #                      CUDA with this python (benchmarks/gpu_check.sh); a CPU dry run without a GPU
@@ -28,7 +30,7 @@ VLLM_VENV := .venv-vllm
 VLLM_BIN := $(VLLM_VENV)/bin
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: serve test test-slow typecheck docs dist install clean test-vllm test-replicas nginx gpu-check gpu-wheels
+.PHONY: serve test test-slow typecheck docs dist install clean test-vllm test-replicas nginx gpu-check gpu-wheels llama-server
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -101,6 +103,9 @@ nginx:
 test-replicas: $(VLLM_STAMP) nginx
 	LEYLINE_VLLM_TESTS=1 $(VLLM_BIN)/python -m pytest -q -p no:cacheprovider --timeout 2400 -s \
 	  tests/vllm/test_vllm_replicas.py
+
+llama-server:
+	bash benchmarks/llama_cpp/build.sh
 
 # For a GPU machine that reaches no registry: its image's missing packages, pinned to what .venv runs.
 gpu-wheels: $(RUNTIME_STAMP)
