@@ -25,6 +25,25 @@ _TOOL_CALL_RE = re.compile(re.escape(TOOL_CALL) + r"(.*?)" + re.escape(END_TOOL_
 TOOLS_PREAMBLE = "# Tools\nCall a tool with " + TOOL_CALL + '{"name": ..., "arguments": {...}}' + END_TOOL_CALL
 
 
+def tool_call_payload(call: ToolCall) -> str:
+    """The JSON between the tool-call brackets."""
+    try:
+        arguments = json.loads(call.function.arguments or "{}")
+    except (json.JSONDecodeError, RecursionError):
+        arguments = call.function.arguments  # rendered verbatim as a JSON string
+    payload = json.dumps({"name": call.function.name, "arguments": arguments}, ensure_ascii=False)
+    try:  # a JSON escape such as "\\ud800" inside the arguments parses to a lone surrogate
+        payload.isascii() or payload.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"tool call {call.id!r}: its arguments escape a lone surrogate "
+                         "(a \\uD800-\\uDFFF escape without its pair), which is not valid Unicode") from None
+    return payload
+
+
+def render_tool_call(call: ToolCall) -> str:
+    return f"{TOOL_CALL}{tool_call_payload(call)}{END_TOOL_CALL}"
+
+
 def render_tools(tools: Sequence[Mapping[str, Any]]) -> str:
     """System-prompt section that lists OpenAI-style function tools."""
     lines = [TOOLS_PREAMBLE]

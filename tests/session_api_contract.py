@@ -1,4 +1,4 @@
-"""The native REST contract, defined once and run against every backend.
+"""The REST contract, defined once and run against every backend.
 
 ``tests/server/test_server_api.py`` runs it against the bundled runtime (in-process),
 ``tests/vllm/test_vllm_api_contract.py`` against ``vllm serve`` with Leyline's
@@ -6,16 +6,22 @@ plugin. Each check takes an HTTP client (``get``/``post``/``delete`` relative
 to the server, JSON bodies) and asserts only what every backend promises: paths,
 status codes, the error body, versions and message counts — never token counts,
 which depend on the model's chat template.
+
+The session routes come first, then ``POST /v1/chat/completions`` bound to a session:
+the response's and the ``leyline`` report's fields, built and rebuilt and why, the
+request's fields and limits (400s in OpenAI's shape naming the field), and every
+field an engine may not honour: honoured where it is accepted, refused by name where
+it is not, never both accepted and ignored.
 """
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Callable
 from typing import Any
 
-
-from leyline_sdk.protocol import MAX_DIRECTIVES
+from leyline_sdk.protocol import MAX_DIRECTIVES, SESSION_HEADER
 
 Client = Any  # starlette's TestClient or an httpx.Client with a base_url
 
@@ -142,9 +148,231 @@ def invalid_bodies_and_ids_are_422_validation_errors(c: Client) -> None:
     assert_error(r, 422, "validation_error")
 
 
+# --- POST /v1/chat/completions bound to a session ------------------------------------------------
+
+COMPLETION_FIELDS = {"id", "object", "created", "model", "choices", "usage", "system_fingerprint", "leyline",
+                     "context_management"}
+REPORT_FIELDS = {"session_id", "version", "versions", "built", "rebuilt", "rebuild_reason", "directives_applied",
+                 "outcomes", "appended_messages", "prefilled_tokens"}
+OPENAI_ERROR_FIELDS = {"message", "type", "param", "code"}
+ANY_PARAM = object()
+
+
+def new_id() -> str:
+    return f"c-{uuid.uuid4().hex[:12]}"
+
+
+def post_chat(c: Client, sid: str | None, messages: list[dict], headers: dict | None = None, **fields: Any):
+    body = {"messages": messages, "max_tokens": 2, "temperature": 0, **fields}
+    if sid is not None:
+        body["session_id"] = sid
+    return c.post("/v1/chat/completions", json=body, headers=headers)
+
+
+def bound_chat(c: Client, sid: str, messages: list[dict], **fields: Any) -> dict:
+    """A bound chat that must succeed: its response and report in the shape every engine answers."""
+    return checked_chat(c, post_chat(c, sid, messages, **fields), sid)
+
+
+def served_model(c: Client) -> str:
+    return c.get("/v1/models").json()["data"][0]["id"]
+
+
+def checked_chat(c: Client, r, sid: str) -> dict:
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert set(body) == COMPLETION_FIELDS and body["object"] == "chat.completion", body
+    assert body["id"].startswith("chatcmpl-") and body["model"] == served_model(c), body
+    report = body["leyline"]
+    assert set(report) == REPORT_FIELDS and report["session_id"] == sid, report
+    # every version the turn produced, consecutive, the last one the session's
+    assert report["versions"] and report["versions"][-1] == report["version"], report
+    assert report["versions"] == list(range(report["versions"][0], report["version"] + 1)), report
+    assert report["directives_applied"] == len(report["outcomes"]), report
+    assert report["rebuilt"] == (report["rebuild_reason"] is not None), report
+    usage = body["usage"]
+    cached = usage["prompt_tokens_details"]["cached_tokens"]
+    assert cached == max(0, usage["prompt_tokens"] - report["prefilled_tokens"]), (usage, report)
+    assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+    return body
+
+
+def reply_message(body: dict) -> dict:
+    """The reply as the client sends it back in the next request's history."""
+    message = body["choices"][0]["message"]
+    out = {"role": "assistant", "content": message["content"] or ""}
+    if message.get("tool_calls"):
+        out["tool_calls"] = message["tool_calls"]
+    return out
+
+
+def assert_openai_error(r, status: int, param: Any = ANY_PARAM) -> dict:
+    assert r.status_code == status, r.text
+    body = r.json()
+    assert set(body) == {"error"} and set(body["error"]) == OPENAI_ERROR_FIELDS, body
+    assert body["error"]["message"] and body["error"]["type"], body
+    if param is not ANY_PARAM:
+        assert body["error"]["param"] == param, body
+    return body["error"]
+
+
+def built_rebuilt(report: dict) -> tuple[bool, bool, str | None]:
+    return report["built"], report["rebuilt"], report["rebuild_reason"]
+
+
+def a_bound_chat_builds_then_edits_its_session(c: Client) -> None:
+    sid = new_id()
+    asked = [{"role": "system", "content": "You are terse."}, user("question 0")]
+    first = bound_chat(c, sid, asked)
+    report = first["leyline"]
+    assert built_rebuilt(report) == (True, False, None), report  # new: built, not rebuilt
+    assert report["outcomes"] == [] and report["appended_messages"] == 2, report
+    held = snapshot(c, sid)
+    assert held["version"] == report["version"] and held["num_messages"] == 3
+    assert [m["content"] for m in held["messages"][:2]] == [m["content"] for m in asked]
+
+    asked = [*asked, reply_message(first), user("question 1")]  # append-only
+    second = bound_chat(c, sid, asked)
+    report2 = second["leyline"]
+    assert built_rebuilt(report2) == (False, False, None), report2
+    assert report2["outcomes"] == [] and report2["appended_messages"] == 1, report2
+    assert report2["versions"][0] == report["version"] + 1, (report, report2)
+
+    # one message replaced, bound by the header, every edit as forget: one directive
+    edited = [asked[0], user("question zero, reworded"), *asked[2:], reply_message(second), user("question 2")]
+    third = checked_chat(c, post_chat(c, None, edited, headers={SESSION_HEADER: sid}, leyline={"mode": "forget"}), sid)
+    report3 = third["leyline"]
+    assert built_rebuilt(report3) == (False, False, None), report3
+    assert [o["requested_mode"] for o in report3["outcomes"]] == ["forget"], report3
+    assert report3["appended_messages"] == 1 and report3["versions"][0] == report2["version"] + 1, report3
+    held = snapshot(c, sid)
+    assert held["version"] == report3["version"] and held["num_messages"] == len(edited) + 1
+    assert [m["content"] for m in held["messages"][:-1]] == [m["content"] for m in edited]
+
+
+def a_bound_chat_names_why_it_rebuilt(c: Client) -> None:
+    """Built: this server did not hold the session. Rebuilt: it had existed (its history holds a reply
+    this server never saw: ``unknown_session``)."""
+    sid, asked = new_id(), history(3)
+    report = bound_chat(c, sid, asked)["leyline"]
+    assert built_rebuilt(report) == (True, True, "unknown_session"), report
+    assert report["appended_messages"] == len(asked) and report["outcomes"] == [], report
+    held = new_session(c, history(3))  # created natively: held here, so a chat edits it
+    report = bound_chat(c, held["session_id"], [*history(3), user("one more")])["leyline"]
+    assert built_rebuilt(report) == (False, False, None) and report["appended_messages"] == 1, report
+    assert c.delete(f"/sessions/{held['session_id']}").status_code == 204
+    report = bound_chat(c, held["session_id"], [*history(3), user("one more")])["leyline"]
+    assert built_rebuilt(report) == (True, True, "unknown_session"), report
+
+
+def a_bound_chat_validates_its_fields(c: Client) -> None:
+    """Limits and validation are the same everywhere: a 400 in OpenAI's shape naming the field; the
+    session is left as it was, and no session is made."""
+    info = new_session(c)
+    sid, before = info["session_id"], snapshot(c, info["session_id"])
+    asked = [*history(4), user("x")]
+    cases: list[tuple[dict, Any]] = [
+        ({"messages": []}, "messages"),
+        ({"messages": [{"role": "wizard", "content": "x"}]}, ANY_PARAM),
+        ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"max_tokens": 8193}, "max_tokens"),
+        ({"max_completion_tokens": 8193}, "max_completion_tokens"),
+        ({"min_tokens": 5, "max_tokens": 4}, ANY_PARAM),
+        ({"temperature": 3}, "temperature"),
+        ({"top_p": 0}, "top_p"),
+        ({"n": 2}, "n"),
+        ({"store": True}, "store"),
+        ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+        ({"top_logprobs": 2}, "top_logprobs"),  # needs logprobs: true
+        ({"stream_options": {"include_usage": True}}, "stream_options"),  # needs stream: true
+        ({"leyline": {"mode": "sideways"}}, "leyline.mode"),
+        ({"functions": [{"name": "f"}]}, "functions"),
+    ]
+    for fields, param in cases:
+        assert_openai_error(post_chat(c, sid, **{"messages": asked, **fields}), 400, param)
+    err = assert_openai_error(post_chat(c, sid, asked, model="no-such-model"), 404, "model")
+    assert err["code"] == "model_not_found", err
+    assert_openai_error(post_chat(c, "-bad", asked), 400, "session_id")
+    assert_openai_error(post_chat(c, None, asked, headers={SESSION_HEADER: "-bad"}), 400, SESSION_HEADER)
+    r = c.post("/v1/chat/completions", content=b"{not json", headers={"Content-Type": "application/json",
+                                                                       SESSION_HEADER: sid})
+    assert_openai_error(r, 400, None)
+    assert snapshot(c, sid) == before
+    assert "-bad" not in [s["session_id"] for s in c.get("/sessions").json()["sessions"]]
+
+
+def a_bound_chat_honours_its_sampling_fields(c: Client) -> None:
+    sid, asked = new_id(), [user("Count to ten: one, two,")]
+    body = bound_chat(c, sid, asked, max_tokens=6, min_tokens=6)
+    assert body["usage"]["completion_tokens"] == 6, body["usage"]  # the reply cannot end before min_tokens
+    asked = [*asked, reply_message(body), user("Again.")]
+    body = bound_chat(c, sid, asked, max_tokens=6, max_completion_tokens=2)
+    assert body["usage"]["completion_tokens"] <= 2, body["usage"]  # max_completion_tokens wins
+    asked = [*asked, reply_message(body), user("Again.")]
+    body = bound_chat(c, sid, asked, logprobs=True, top_logprobs=2, stop=["a", "b", "c", "d"], seed=7, top_k=5,
+                      user="u-1", metadata={"k": "v"}, prompt_cache_key="k", safety_identifier="s", store=False,
+                      n=1, model=served_model(c))
+    content = body["choices"][0]["logprobs"]["content"]
+    assert content and all(len(entry["top_logprobs"]) == 2 for entry in content), content
+
+
+PING = {"type": "function", "function": {"name": "ping", "description": "Check that the line is up",
+                                         "parameters": {"type": "object", "properties": {}}}}
+
+
+def _streamed(r) -> None:
+    assert r.headers["content-type"].startswith("text/event-stream") and r.text.rstrip().endswith("data: [DONE]")
+
+
+def _json_reply(r) -> None:
+    assert isinstance(json.loads(r.json()["choices"][0]["message"]["content"]), dict), r.text
+
+
+def _calls_ping(r) -> None:
+    calls = r.json()["choices"][0]["message"]["tool_calls"]
+    assert calls and {call["function"]["name"] for call in calls} == {"ping"}, r.text
+
+
+def _at_most_one_call(r) -> None:
+    assert len(r.json()["choices"][0]["message"]["tool_calls"] or []) <= 1, r.text
+
+
+# (the param a refusal names, the fields that ask for it, what shows it honoured when accepted)
+OPTIONAL_FIELDS: list[tuple[str, dict, Callable[[Any], None] | None]] = [
+    ("stream", {"stream": True}, _streamed),
+    ("response_format", {"response_format": {"type": "json_object"}, "max_tokens": 24}, _json_reply),
+    ("tool_choice", {"tools": [PING], "tool_choice": "required", "max_tokens": 48}, _calls_ping),
+    ("parallel_tool_calls", {"tools": [PING], "parallel_tool_calls": False, "max_tokens": 48}, _at_most_one_call),
+    ("tools[0].function.strict", {"tools": [{**PING, "function": {**PING["function"], "strict": True}}]}, None),
+    ("frequency_penalty", {"frequency_penalty": 1.0}, None),
+    ("presence_penalty", {"presence_penalty": 1.0}, None),
+    ("logit_bias", {"logit_bias": {"0": -100}}, None),
+    ("context_management", {"context_management": {"edits": [{"type": "clear_tool_uses_20250919"}]}}, None),
+]
+
+
+def a_bound_chat_honours_or_refuses_each_optional_field(c: Client) -> None:
+    """A field an engine cannot honour is refused by name, and the refused request changes nothing."""
+    for param, fields, honoured in OPTIONAL_FIELDS:
+        info = new_session(c)
+        sid, before = info["session_id"], snapshot(c, info["session_id"])
+        r = post_chat(c, sid, [*history(4), user("Is the line up?")], **fields)
+        if r.status_code == 400:
+            err = assert_openai_error(r, 400, param)
+            assert param in err["message"], err
+            assert snapshot(c, sid) == before, param
+        else:
+            assert r.status_code == 200, (param, r.text)
+            if honoured is not None:
+                honoured(r)
+
+
 CONTRACT: list[Callable[[Client], None]] = [
     lifecycle, a_directive_batch_edits_messages, unknown_session_is_404_everywhere,
     version_conflict_changes_nothing, bad_spans_change_nothing, invalid_bodies_and_ids_are_422_validation_errors,
+    a_bound_chat_builds_then_edits_its_session, a_bound_chat_names_why_it_rebuilt, a_bound_chat_validates_its_fields,
+    a_bound_chat_honours_its_sampling_fields, a_bound_chat_honours_or_refuses_each_optional_field,
 ]
 
 

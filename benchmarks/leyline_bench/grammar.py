@@ -28,7 +28,7 @@ import torch
 from leyline_runtime.engine.grammar import GrammarCompiler
 from leyline_runtime.runtime import Runtime, RuntimeConfig
 from leyline_runtime.server.constraints import plan_decoding
-from leyline_runtime.server.openai_schema import DecodingFields
+from leyline_runtime.api.chat_request import DecodingFields
 from leyline_sdk.protocol import GenerateRequest, Message, SessionCreate
 
 from .output import md_table, write_results

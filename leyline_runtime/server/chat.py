@@ -1,17 +1,15 @@
-"""Chat completions against the runtime: stateless, or bound to a session.
+"""Chat completions on the bundled runtime: stateless, or a session-bound turn.
 
-A bound request carries the whole history, as OpenAI clients do. The
-service plans the batch against the session's messages
-(:func:`leyline_sdk.batch_plan.plan_batch`, the planner the SDK and the vLLM
-service use too), applies the edits as one directive batch, appends the new
-tail and generates. An append-only request therefore reuses the whole cache; a
-request for a session that does not exist (new, or evicted) builds it from
-the history it carries.
+A bound turn is planned by the rules every engine shares
+(:func:`leyline_runtime.api.chat_turn.plan_chat_turn`: build, rebuild or edit, and why);
+this service runs the plan on the runtime: the edits as one directive batch, then the new
+tail appended and the reply generated. An append-only request therefore reuses the whole
+cache. A stateless request runs in a throwaway session.
 
 Chat requests for one session are serialised by a per-session lock, so
 they never interleave. The steps are separate runtime calls chained by
 ``expected_version``; if a native request (``/directives``, ``/generate``)
-slips in between, the chain restarts from a fresh diff (before any token
+slips in between, the chain restarts from a fresh plan (before any token
 was produced, so nothing is generated twice).
 """
 
@@ -20,55 +18,27 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable
 from contextlib import suppress
-from dataclasses import dataclass, field
 
-from leyline_sdk.batch_plan import BatchPlan, plan_batch
 from leyline_sdk.errors import SessionExists, SessionNotFound, VersionConflict
 from leyline_sdk.protocol import (
     DirectiveBatch,
     DirectiveOutcome,
-    GenerateResponse,
     Message,
     SessionCreate,
 )
 
 from leyline_runtime.engine.grammar import GrammarCompiler
+from ..api.chat_prompt import generate_request, prompt_messages
+from ..api.chat_request import ChatCompletionRequest
+from ..api.chat_turn import ChatTurn, TurnPlan, plan_chat_turn
 from ..metrics import ServiceMetrics
 from ..runtime import Runtime
 from .constraints import Decoding, plan_decoding
 from .context_edits import apply_edits
-from .openai_schema import AppliedEdit, ChatCompletionRequest
-from .prompt import generate_request, prompt_messages
 
 MAX_ATTEMPTS = 3
 
 OnToken = Callable[[int], None]
-
-
-@dataclass
-class ChatTurn:
-    """One completed chat request: the generation and what it cost."""
-
-    response: GenerateResponse
-    session_id: str | None  # None: stateless
-    prefilled: int  # prompt tokens computed for this request
-    rebuilt: bool = False
-    directives_applied: int = 0
-    outcomes: list[DirectiveOutcome] = field(default_factory=list)
-    appended: int = 0
-    applied_edits: list[AppliedEdit] = field(default_factory=list)
-    first_version: int = 0  # the session's version before this turn (bound turns)
-
-    @property
-    def versions(self) -> list[int]:
-        """Every version the turn produced; consecutive, as no other request runs on the session meanwhile."""
-        if self.session_id is None:
-            return []
-        return list(range(self.first_version + 1, self.response.version + 1))
-
-    @property
-    def cached_tokens(self) -> int:
-        return max(0, self.response.usage.prompt_tokens - self.prefilled)
 
 
 class _Restart(Exception):
@@ -122,68 +92,57 @@ class ChatService:
         info = self.runtime.create_session(SessionCreate(session_id=sid, messages=messages), tenant)
         try:
             gen = self.runtime.generate(sid, generate_request(request), tenant, on_token=on_token,
-                                        processors=decoding.processors(self.grammars, generate_request(request).max_tokens))
+                                        processors=decoding.processors(self.grammars, request.effective_max_tokens))
         finally:
             with suppress(SessionNotFound):
                 self.runtime.delete_session(sid, tenant)
-        return ChatTurn(gen, None, info.counters.prefilled_tokens + gen.usage.prefill_tokens)
+        return ChatTurn(gen, build_prefilled=info.counters.prefilled_tokens)
 
     def _bound(self, request: ChatCompletionRequest, decoding: Decoding, messages: list[Message], sid: str,
                tenant: str, on_token: OnToken) -> ChatTurn:
         try:
-            old, version = self.runtime.session_messages(sid, tenant)
-        except SessionNotFound:  # a new session is built, not rebuilt; an evicted one is rebuilt
-            return self._rebuild(request, decoding, messages, sid, tenant, on_token,
-                                 rebuilt=self.runtime.was_evicted(sid, tenant))
-        first_version = version
-        plan = plan_chat_batch(old, messages, request)
-        directives, tail = plan.directives, plan.tail
-        self.runtime.relabel(sid, tenant, plan.local)
-        if plan.rebuild:
-            prompt = sum(map(len, self.runtime.tokenizer.encode_messages(messages)))
-            self.runtime.check_generation(prompt, generate_request(request).max_tokens, new_tokens=prompt)
-            with suppress(SessionNotFound):
-                self.runtime.delete_session(sid, tenant)
-            return self._rebuild(request, decoding, messages, sid, tenant, on_token, rebuilt=True)
+            held, version = self.runtime.session_messages(sid, tenant)
+        except SessionNotFound:
+            held, version = None, 0
+        evicted = held is None and self.runtime.was_evicted(sid, tenant)
+        plan = plan_chat_turn(held, messages, request.edit_mode, evicted=evicted)
+        max_tokens = request.effective_max_tokens
+        if plan.build:
+            if held is not None:  # too many edits: check the request before dropping what the session holds
+                prompt = sum(map(len, self.runtime.tokenizer.encode_messages(messages)))
+                self.runtime.check_generation(prompt, max_tokens, new_tokens=prompt)
+                with suppress(SessionNotFound):
+                    self.runtime.delete_session(sid, tenant)
+            return self._build(request, decoding, plan, sid, tenant, on_token)
+        self.runtime.relabel(sid, tenant, plan.batch.local)
         outcomes: list[DirectiveOutcome] = []
-        if directives:  # check the whole request before the edits change the session
-            tail_tokens = sum(map(len, self.runtime.tokenizer.encode_messages(tail)))
-            self.runtime.check_generation(self.runtime.edited_length(sid, tenant, directives) + tail_tokens,
-                                          generate_request(request).max_tokens, new_tokens=tail_tokens)
-            batch = DirectiveBatch(session_id=sid, directives=directives, expected_version=version)
+        version_now = version
+        if plan.directives:  # check the whole request before the edits change the session
+            tail_tokens = sum(map(len, self.runtime.tokenizer.encode_messages(plan.appended)))
+            self.runtime.check_generation(self.runtime.edited_length(sid, tenant, plan.directives) + tail_tokens,
+                                          max_tokens, new_tokens=tail_tokens)
+            batch = DirectiveBatch(session_id=sid, directives=plan.directives, expected_version=version)
             result = self.runtime.apply(batch, tenant)
             self.metrics.observe_directives(result, tenant)
-            version, outcomes = result.version, result.outcomes
-        gen = self.runtime.generate(sid, generate_request(request, messages=tail, expected_version=version),
-                                    tenant, on_token=on_token,
-                                    processors=decoding.processors(self.grammars, generate_request(request).max_tokens))
-        recomputed = sum(o.recomputed_tokens for o in outcomes)
-        return ChatTurn(gen, sid, recomputed + gen.usage.prefill_tokens, directives_applied=len(directives),
-                        outcomes=outcomes, appended=len(tail), first_version=first_version)
+            version_now, outcomes = result.version, result.outcomes
+        sampling = generate_request(request, messages=plan.appended, expected_version=version_now)
+        gen = self.runtime.generate(sid, sampling, tenant, on_token=on_token,
+                                    processors=decoding.processors(self.grammars, max_tokens))
+        return ChatTurn(gen, plan, start_version=version, outcomes=outcomes)
 
-    def _rebuild(self, request: ChatCompletionRequest, decoding: Decoding, messages: list[Message], sid: str,
-                 tenant: str, on_token: OnToken, rebuilt: bool) -> ChatTurn:
-        """Build the session from the request's history (``rebuilt``: it existed before)."""
+    def _build(self, request: ChatCompletionRequest, decoding: Decoding, plan: TurnPlan, sid: str, tenant: str,
+               on_token: OnToken) -> ChatTurn:
+        """Build the session from the request's history, then generate."""
         try:
-            info = self.runtime.create_session(SessionCreate(session_id=sid, messages=messages), tenant)
+            info = self.runtime.create_session(SessionCreate(session_id=sid, messages=plan.messages), tenant)
         except SessionExists as exc:  # created by a concurrent request
             raise _Restart() from exc
         try:
             gen = self.runtime.generate(sid, generate_request(request, expected_version=info.version), tenant,
                                         on_token=on_token,
-                                        processors=decoding.processors(self.grammars, generate_request(request).max_tokens))
+                                        processors=decoding.processors(self.grammars, request.effective_max_tokens))
         except BaseException:
             with suppress(SessionNotFound):  # it did not exist before this request
                 self.runtime.delete_session(sid, tenant)
             raise
-        return ChatTurn(gen, sid, info.counters.prefilled_tokens + gen.usage.prefill_tokens, rebuilt=rebuilt,
-                        appended=len(messages))
-
-
-def plan_chat_batch(old: list[Message], messages: list[Message], request: ChatCompletionRequest) -> BatchPlan:
-    """The directive batch a bound chat request sends (the SDK's and the vLLM service's planner).
-
-    Id-only edits (``plan.local``) are not sent as directives: the route gives
-    the session's messages their new ids (:meth:`Runtime.relabel`), as the SDK
-    renames them in its shadow, so the next diff aligns the same way."""
-    return plan_batch(old, messages, mode=request.leyline.mode if request.leyline else "amortize")
+        return ChatTurn(gen, plan, build_prefilled=info.counters.prefilled_tokens)

@@ -35,8 +35,8 @@ from leyline_runtime.engine.grammar import GrammarCompiler, GrammarError, TokenM
 from leyline_runtime.engine.sampling import LogitBias, LogitsProcessor, Penalties
 from leyline_runtime.text.tokenizer import ChatTokenizer
 from ..api.errors import describe_validation
-from .openai_errors import OpenAIError, invalid_request
-from .openai_schema import DecodingFields, NamedToolChoice, ResponseFormatJsonSchema, Tool
+from ..api.openai_errors import OpenAIError, invalid_request
+from ..api.chat_request import DecodingFields, NamedToolChoice, ResponseFormatJsonSchema, Tool
 
 JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 ANY_OBJECT: dict[str, Any] = {"type": "object"}

@@ -15,7 +15,7 @@ from __future__ import annotations
 from leyline_sdk.protocol import FunctionCall, Message, ToolCall
 
 from leyline_runtime.text.tokenizer import ChatTokenizer
-from .openai_schema import AppliedEdit, ClearToolUses, ContextManagement
+from ..api.chat_request import AppliedEdit, ClearToolUses, ContextManagement
 
 PLACEHOLDER = "[tool result cleared]"
 

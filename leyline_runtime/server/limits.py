@@ -26,7 +26,7 @@ from leyline_sdk.protocol import Message
 from leyline_runtime.config import Limits
 from leyline_runtime.text.tokenizer import ChatTokenizer
 from ..api.errors import error_response
-from .openai_errors import OpenAIError, error_body
+from ..api.openai_errors import OpenAIError, error_body
 
 def message_bytes(message: Message) -> int:
     parts = [message.content, message.name or ""]

@@ -24,7 +24,7 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
-from .openai_schema import DecodingFields
+from ..api.chat_request import NEEDS_SWITCH, DecodingFields
 
 JSON_SAFE_INT = 2**53 - 1
 _NOTHING = {"anyOf": [{"type": "null"}, {"type": "array", "maxItems": 0}]}
@@ -48,10 +48,6 @@ def _unit_branches() -> list[dict[str, Any]]:
         {"properties": {"span": {"required": ["unit"], "properties": {"unit": {"const": "token"}}},
                         "replacement": {"anyOf": [{"type": "string"}, token_ids]}}},
     ]
-
-
-# field -> the switch it needs on (the chat route refuses it otherwise, as OpenAI does)
-NEEDS_SWITCH = {"top_logprobs": "logprobs", "stream_options": "stream"}
 
 
 def _switch_rules() -> list[dict[str, Any]]:

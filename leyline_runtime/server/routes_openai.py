@@ -1,10 +1,14 @@
 """OpenAI-compatible endpoints: ``/v1/chat/completions`` and ``/v1/models``.
 
-Errors here are in OpenAI's shape with 400 for invalid requests (:mod:`.openai_errors`).
+A session-bound chat that does not stream is every engine's (:func:`leyline_runtime.api.chat.bound_chat`,
+served here by :class:`RuntimeChat`); stateless chats and streamed replies are this runtime's own,
+checked the same way. Errors here are in OpenAI's shape with 400 for invalid requests
+(:mod:`leyline_runtime.api.openai_errors`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from functools import partial
 from typing import Annotated
 
@@ -14,15 +18,17 @@ from starlette.concurrency import run_in_threadpool
 
 from leyline_sdk.protocol import MAX_ID_LENGTH, SESSION_ID_PATTERN, SESSION_ID_RULE
 
-from ..runtime import Runtime
-from .chat import ChatService
-from .completion import CompletionIds, completion
+from ..api.chat import bound_chat, bound_session, check_request
+from ..api.chat_prompt import stop_strings
+from ..api.chat_request import ChatCompletionRequest
+from ..api.chat_response import ChatCompletion, CompletionIds, completion
+from ..api.chat_turn import ChatTurn
 from ..api.errors import SESSION_HEADER
 from ..api.json_body import OrjsonRoute
-from .openapi import NEEDS_SWITCH
-from .openai_errors import OpenAIError, OpenAIRoute, openai_error_responses
-from .openai_schema import ChatCompletion, ChatCompletionRequest, ModelCard, ModelList
-from .prompt import stop_strings
+from ..api.openai_errors import OpenAIRoute, openai_error_responses
+from ..runtime import Runtime
+from .chat import ChatService
+from .openai_schema import ModelCard, ModelList
 from .routes_sessions import RuntimeDep, Tenant, check_limits
 from .sse import stream_chat
 from .streaming import DeltaDecoder
@@ -38,21 +44,20 @@ _STREAM_DOC = {"text/event-stream": {"schema": {"type": "string"},
                                      "example": 'data: {"object": "chat.completion.chunk", ...}\n\ndata: [DONE]\n\n'}}
 
 
-def _bound_session(body: ChatCompletionRequest, header: str | None) -> str | None:
-    return body.session_id if body.session_id is not None or not header else header
+class RuntimeChat:
+    """:class:`~leyline_runtime.api.chat.ChatBackend` over the app's :class:`ChatService`: the turn runs in
+    a worker thread, holding the session's lock."""
 
+    refused: Mapping[str, str] = {}  # this runtime honours every field
 
-def _check_dependent_fields(body: ChatCompletionRequest) -> None:
-    """OpenAI refuses a field whose switch is off rather than ignore it."""
-    for field, switch in NEEDS_SWITCH.items():
-        if getattr(body, field) is not None and not getattr(body, switch):
-            raise OpenAIError(f"{field} needs {switch}: true", param=field, code="invalid_request")
+    def __init__(self, request: Request) -> None:
+        self.service: ChatService = request.app.state.chat
+        runtime: Runtime = request.app.state.runtime
+        self.served_model = runtime.config.model_name
 
-
-def _check_model(body: ChatCompletionRequest, served: str) -> None:
-    if body.model is not None and body.model != served:
-        raise OpenAIError(f"The model {body.model!r} does not exist; this server serves {served!r}",
-                          param="model", code="model_not_found", status=404)
+    async def bound_turn(self, request: Request, session_id: str, body: ChatCompletionRequest,
+                         tenant: str) -> ChatTurn:
+        return await run_in_threadpool(self.service.complete, body, tenant, session_id)
 
 
 @router.post("/chat/completions", response_model=ChatCompletion,
@@ -67,17 +72,17 @@ async def chat_completions(
                                                     max_length=MAX_ID_LENGTH,
                                                     description=f"Same as `session_id`: {SESSION_ID_RULE}")] = None,
 ) -> ChatCompletion | StreamingResponse:
-    service: ChatService = request.app.state.chat
-    runtime: Runtime = request.app.state.runtime
-    _check_model(body, runtime.config.model_name)
-    _check_dependent_fields(body)
-    session_id = _bound_session(body, x_leyline_session)
+    chat = RuntimeChat(request)
+    session_id = bound_session(body.session_id, x_leyline_session)
     check_limits(request, body.messages)
-    ids = CompletionIds(runtime.config.model_name)
-    run = partial(service.complete, body, tenant, session_id)
+    if session_id is not None and not body.stream:
+        return await bound_chat(chat, request, session_id, body, tenant)
+    check_request(body, chat.served_model, chat.refused)
+    ids = CompletionIds(chat.served_model)
+    run = partial(chat.service.complete, body, tenant, session_id)
     if not body.stream:
         return completion(await run_in_threadpool(run), ids)
-    decoder = DeltaDecoder(runtime.tokenizer, stop_strings(body))
+    decoder = DeltaDecoder(request.app.state.runtime.tokenizer, stop_strings(body))
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     return await stream_chat(lambda on_token: run(on_token=on_token), decoder, ids, include_usage)
 

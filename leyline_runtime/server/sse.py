@@ -29,10 +29,11 @@ from starlette.concurrency import run_in_threadpool
 from leyline_sdk.errors import LeylineError
 from leyline_sdk.protocol import GenerateResponse
 
-from . import completion as out
-from .chat import ChatTurn, OnToken
-from .completion import CompletionIds
-from .openai_errors import error_body
+from . import chat_chunks as out
+from ..api.chat_response import CompletionIds
+from ..api.chat_turn import ChatTurn
+from ..api.openai_errors import error_body
+from .chat import OnToken
 from .streaming import DeltaDecoder
 
 log = logging.getLogger("leyline.server")

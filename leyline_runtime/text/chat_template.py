@@ -14,7 +14,6 @@ not rendered: results follow their calls in order.
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Callable
 
@@ -25,7 +24,9 @@ from leyline_sdk.tools_prompt import (  # noqa: F401 (part of the template)
     ParsedAssistant,
     parse_assistant,
     parse_tool_call,
+    render_tool_call,
     render_tools,
+    tool_call_payload,
 )
 
 ROLE_TOKENS = {
@@ -38,25 +39,6 @@ END = "<|end|>"
 END_OF_TEXT = "<|endoftext|>"
 PAD = "<|pad|>"
 SPECIAL_TOKENS = [PAD, END_OF_TEXT, *ROLE_TOKENS.values(), END, TOOL_CALL, END_TOOL_CALL]
-
-def tool_call_payload(call: ToolCall) -> str:
-    """The JSON between the tool-call brackets."""
-    try:
-        arguments = json.loads(call.function.arguments or "{}")
-    except (json.JSONDecodeError, RecursionError):
-        arguments = call.function.arguments  # rendered verbatim as a JSON string
-    payload = json.dumps({"name": call.function.name, "arguments": arguments}, ensure_ascii=False)
-    try:  # a JSON escape such as "\\ud800" inside the arguments parses to a lone surrogate
-        payload.isascii() or payload.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ValueError(f"tool call {call.id!r}: its arguments escape a lone surrogate "
-                         "(a \\uD800-\\uDFFF escape without its pair), which is not valid Unicode") from None
-    return payload
-
-
-def render_tool_call(call: ToolCall) -> str:
-    return f"{TOOL_CALL}{tool_call_payload(call)}{END_TOOL_CALL}"
-
 
 def render_body(message: Message) -> str:
     """The text between the role header and the end marker."""

@@ -20,8 +20,8 @@ from leyline_langchain.convert import (
 )
 from leyline_langchain.pairing import find_orphans, placeholder_id, repair_orphans
 from leyline_runtime.text import chat_template as tpl
-from leyline_runtime.server.openai_schema import ChatCompletionRequest
-from leyline_runtime.server.prompt import tools_message as runtime_tools_message
+from leyline_runtime.api.chat_request import ChatCompletionRequest
+from leyline_runtime.api.chat_prompt import tools_message as runtime_tools_message
 from leyline_sdk import FunctionCall, LeylineClient, LeylineMemory, Message, ToolCall, split_append
 from leyline_sdk.batch_plan import plan_batch
 

@@ -225,7 +225,7 @@ def test_free_text_near_the_budget_is_not_closed(left):
     (closing once forced ']' and '}' into plain answers: '12 * 7 + 5]]]]}')."""
     from leyline_runtime.model.default import default_tokenizer_path
     from leyline_runtime.server.constraints import request_grammar
-    from leyline_runtime.server.openai_schema import DecodingFields
+    from leyline_runtime.api.chat_request import DecodingFields
     from leyline_runtime.text.tokenizer import ChatTokenizer
 
     tok = ChatTokenizer.from_file(default_tokenizer_path())

@@ -1,4 +1,4 @@
-"""One batch planner: the SDK, the bundled chat route and the vLLM service send the same batches.
+"""One batch planner: the SDK and the session-bound chat turn send the same batches.
 
 The same recorded edit sequences (tests/batch_sequences.py: retries, dropped
 tool outputs, truncations, summaries, appends, id-only edits, histories edited
@@ -6,9 +6,9 @@ past MAX_DIRECTIVES) go through
 
 * ``LeylineMemory.sync`` — the SDK's whole synchronisation flow, against an
   in-memory session store that answers its calls as the runtime does;
-* ``leyline_runtime.server.chat.plan_chat_batch`` — what ``ChatService._bound``
-  sends for a session-bound ``/v1/chat/completions`` request;
-* ``leyline_vllm.api_server.service.plan_chat_batch`` — what ``LeylineService.chat`` sends;
+* ``leyline_runtime.api.chat_turn.plan_chat_turn`` — what a session-bound
+  ``/v1/chat/completions`` turn sends, on both engines (the bundled runtime's
+  ``ChatService`` and the vLLM plugin's ``LeylineService.chat`` run its plan);
 
 and every step must produce the identical batch (or the identical "rebuild").
 """
@@ -18,8 +18,7 @@ from __future__ import annotations
 import pytest
 from batch_sequences import recorded_sequences
 
-from leyline_runtime.server.chat import plan_chat_batch as runtime_plan
-from leyline_runtime.server.openai_schema import ChatCompletionRequest
+from leyline_runtime.api.chat_turn import plan_chat_turn
 from leyline_sdk import LeylineMemory
 from leyline_sdk.batch_plan import plan_batch
 from leyline_sdk.diff import apply_directives, split_append
@@ -36,7 +35,6 @@ from leyline_sdk.protocol import (
     SessionInfo,
     Usage,
 )
-from leyline_vllm.api_server.service import plan_chat_batch as vllm_plan
 
 SEQUENCES = recorded_sequences()
 Batch = tuple | str
@@ -110,33 +108,29 @@ def sdk_batches(histories: list[list[Message]], mode: str) -> list[Batch]:
     return out
 
 
-def server_batches(histories: list[list[Message]], plan) -> list[Batch]:
-    """Each step's batch as a server route sends it; the session then holds what the route made of it."""
+def chat_batches(histories: list[list[Message]], mode: str) -> list[Batch]:
+    """Each step's batch as a session-bound chat turn sends it; the session then holds what the turn made of it."""
     session: list[Message] | None = None
     out: list[Batch] = []
     for messages in histories:
-        if session is None:
+        plan = plan_chat_turn(session, messages, mode)
+        if plan.build:
+            assert plan.built == (session is None)
+            assert session is None or plan.rebuild_reason == "too_many_edits"
             session, batch = list(messages), "build"
         else:
-            p = plan(session, messages)
-            if p.rebuild:
-                session, batch = list(messages), "build"
-            else:
-                # the route relabels the id-only edits (p.local) and applies the batch
-                session, batch = apply_directives(session, [*p.directives, *p.local]) + p.tail, _batch(p.directives)
+            # the turn relabels the id-only edits (batch.local), applies the batch and appends the tail
+            session = apply_directives(session, [*plan.directives, *plan.batch.local]) + plan.appended
+            batch = _batch(plan.directives)
         out.append(batch)
     return out
 
 
 @pytest.mark.parametrize("mode", ["amortize", "forget"])
-def test_the_three_callers_plan_identical_batches(mode):
+def test_the_sdk_and_the_chat_turn_plan_identical_batches(mode):
     assert len(SEQUENCES) >= 50
-    request = ChatCompletionRequest(messages=[{"role": "user", "content": "x"}], leyline={"mode": mode})
     for name, kinds, histories in SEQUENCES:
-        sdk = sdk_batches(histories, mode)
-        bundled = server_batches(histories, lambda old, new: runtime_plan(old, new, request))
-        vllm = server_batches(histories, lambda old, new: vllm_plan(old, new, mode))
-        assert sdk == bundled == vllm, f"{name} ({kinds}) planned differently"
+        assert sdk_batches(histories, mode) == chat_batches(histories, mode), f"{name} ({kinds}) planned differently"
 
 
 def test_the_sequences_cover_every_kind_of_edit():

@@ -123,14 +123,16 @@ def test_logprobs_in_openai_shape(client):
 def test_session_edit_is_spliced_not_rebuilt(client):
     msgs = history(6)
     first = chat(client, msgs, session_id="chat-splice")
-    assert first["leyline"]["rebuilt"] is False  # built, not rebuilt: the session is new
+    rep = first["leyline"]
+    # built here from a history whose replies this server never saw: a session served elsewhere, rebuilt
+    assert (rep["built"], rep["rebuilt"], rep["rebuild_reason"]) == (True, True, "unknown_session")
     assert first["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
 
     # Append-only: the whole history comes from the cache.
     msgs = [*msgs, first["choices"][0]["message"], user("next question")]
     second = chat(client, msgs, session_id="chat-splice")
     rep = second["leyline"]
-    assert rep["rebuilt"] is False and rep["directives_applied"] == 0 and rep["appended_messages"] == 1
+    assert not rep["built"] and not rep["rebuilt"] and rep["directives_applied"] == 0 and rep["appended_messages"] == 1
     usage = second["usage"]
     assert usage["prompt_tokens_details"]["cached_tokens"] == usage["prompt_tokens"] - rep["prefilled_tokens"]
     assert rep["prefilled_tokens"] < 10

@@ -1,5 +1,6 @@
-"""The native REST contract (tests/session_api_contract.py, also run against the bundled runtime
-by tests/server/test_server_api.py) against ``vllm serve`` with Leyline's endpoint plugin."""
+"""The REST contract (tests/session_api_contract.py: the session routes and the session-bound chat, also
+run against the bundled runtime by tests/server/test_server_api.py) against ``vllm serve`` with Leyline's
+endpoint plugin."""
 
 from __future__ import annotations
 

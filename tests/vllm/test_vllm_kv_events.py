@@ -38,8 +38,8 @@ POOL_BLOCKS = 96  # small enough for a few plain requests to turn the pool over
 def replica(tmp_path_factory):
     checkpoint = make_tiny_checkpoint(tmp_path_factory.mktemp("ckpt-qwen3-events"), "qwen3")
     port = free_port()
-    events = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://127.0.0.1:{port}",
-              "topic": "kv"}
+    # a wildcard endpoint: the publisher binds it (a host address makes it connect to a collector instead)
+    events = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{port}", "topic": "kv"}
     extra = ["--block-size", str(BLOCK), "--num-gpu-blocks-override", str(POOL_BLOCKS + 1),
              "--max-model-len", "2048", "--kv-events-config", json.dumps(events)]
     env = {"LEYLINE_VLLM_HOLD_FRACTION": "1", "LEYLINE_VLLM_HOST_TIER_GIB": "0"}

@@ -5,11 +5,11 @@ torch-free, served here by :class:`VllmSessions`), so
 ``leyline_sdk.LeylineClient`` / ``LeylineMemory`` work unchanged:
 ``/sessions`` (create, list, get, delete, ``/messages``, ``/generate``),
 ``POST /directives``, ``GET /healthz``, and ``POST /v1/chat/completions``
-bound to a session (``session_id`` in the body or ``X-Leyline-Session``):
-the batch is planned against the session's history (``leyline_sdk.batch_plan``,
-as the SDK and the bundled runtime plan it), applied, then the reply generated, with
-``usage.prompt_tokens_details.cached_tokens`` and the ``leyline`` report.
-A chat request without a session goes to vLLM's own handler unchanged.
+bound to a session (``session_id`` in the body or ``X-Leyline-Session``): the bundled
+runtime's own bound chat too (``leyline_runtime.api.chat``: the request, its checks, the
+turn's plan, the response and its ``leyline`` report), served here by :class:`VllmChat`,
+which runs the planned edits and the reply as one pass through vLLM. A chat request
+without a session goes to vLLM's own handler unchanged.
 """
 
 from __future__ import annotations
@@ -17,16 +17,20 @@ from __future__ import annotations
 import base64
 import json
 import os
-import time
-import uuid
-from typing import Any, Literal
+from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response, StreamingResponse
 from fastapi.routing import APIRoute
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 
+from leyline_runtime.api.chat import bound_chat, bound_session, parse_chat_request, read_json
+from leyline_runtime.api.chat_prompt import generate_request, prompt_messages
+from leyline_runtime.api.chat_request import ChatCompletionRequest
+from leyline_runtime.api.chat_turn import ChatTurn
 from leyline_runtime.api.errors import LeylineErrorRoute
+from leyline_runtime.api.openai_errors import OpenAIKnownErrorsRoute
 from leyline_runtime.api.sessions import build_session_router
 from leyline_sdk.errors import LeylineError, ValidationFailed
 from leyline_sdk.protocol import (
@@ -39,12 +43,10 @@ from leyline_sdk.protocol import (
     DirectiveResult,
     GenerateRequest,
     GenerateResponse,
-    Message,
-    Mode,
     SessionCreate,
     SessionInfo,
 )
-from leyline_sdk.tools_prompt import TOOL_CALL, tools_message
+from leyline_sdk.tools_prompt import TOOL_CALL
 
 from .auto_edits import AutoRule, auto_config_from_env
 from .metrics import register_collector
@@ -53,34 +55,6 @@ from .template import ChatRenderer
 
 # Exposes a session's saved KV rows over HTTP: for the plugin's own tests and diagnostics only.
 DEBUG_ROUTES_ENV = "LEYLINE_VLLM_DEBUG_ROUTES"
-DEFAULT_MAX_TOKENS = 256
-
-
-class LeylineOptions(BaseModel):
-    mode: Mode = "amortize"
-
-
-class BoundChatRequest(BaseModel):
-    """The OpenAI chat fields a session-bound request honours (others are ignored)."""
-
-    model_config = ConfigDict(extra="ignore")
-
-    messages: list[Message] = Field(min_length=1)
-    session_id: str | None = Field(default=None, min_length=1, max_length=MAX_ID_LENGTH)
-    leyline: LeylineOptions | None = None
-    stream: bool = False
-    max_tokens: int | None = Field(default=None, ge=1, le=8192)
-    max_completion_tokens: int | None = Field(default=None, ge=1, le=8192)
-    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
-    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    top_k: int | None = Field(default=None, ge=0)
-    seed: int | None = None
-    stop: str | list[str] | None = None
-    n: int = Field(default=1, ge=1, le=1)
-    logprobs: bool | None = None
-    top_logprobs: int | None = Field(default=None, ge=0, le=20)
-    tools: list[dict[str, Any]] | None = Field(default=None, max_length=128)
-    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
 
 
 def _events_in_one_piece(response: GenerateResponse) -> list[str]:
@@ -88,20 +62,6 @@ def _events_in_one_piece(response: GenerateResponse) -> list[str]:
     events = [{"type": "delta", "content": response.message.content}] if response.message.content else []
     events.append({"type": "done", "response": response.model_dump(mode="json")})
     return [f"data: {json.dumps(e, ensure_ascii=False)}\n\n" for e in events]
-
-
-def _parse(model: type[BaseModel], raw: Any) -> Any:
-    try:
-        return model.model_validate(raw)
-    except ValidationError as exc:
-        raise ValidationFailed(str(exc.errors(include_url=False, include_context=False))) from exc
-
-
-async def _body(request: Request) -> Any:
-    try:
-        return json.loads(await request.body() or b"null")
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ValidationFailed(f"the body is not JSON: {exc}") from exc
 
 
 def _service(request: Request) -> LeylineService:
@@ -153,12 +113,47 @@ class VllmSessions:
         return await self.service.apply(batch)
 
 
+# What a session-bound chat asks that this plugin cannot do (leyline_runtime.api.chat.OPTIONAL_FEATURES): its
+# reply is one pass through vLLM's generate, sampled by vLLM's plain parameters (.sampling), nothing constraining it.
+REFUSED = {
+    "stream": "the reply is sent whole (a chat without a session streams through vLLM's own route)",
+    "response_format": "no constrained decoding here",
+    "tool_choice": "tool calls are not constrained here: only 'auto' and 'none'",
+    "parallel_tool_calls": "tool calls are not constrained here",
+    "strict": "tool arguments are not constrained here",
+    "frequency_penalty": "not passed on to vLLM here",
+    "presence_penalty": "not passed on to vLLM here",
+    "logit_bias": "not passed on to vLLM here",
+    "context_management": "the server-side history edits are the bundled runtime's",
+}
+
+
+class VllmChat:
+    """:class:`~leyline_runtime.api.chat.ChatBackend` over the plugin's :class:`LeylineService`: the planned
+    edits and the reply run as one pass through vLLM."""
+
+    refused = REFUSED
+
+    def __init__(self, request: Request) -> None:
+        self.service = _service(request)
+        self.served_model = self.service.model_name
+
+    async def bound_turn(self, request: Request, session_id: str, body: ChatCompletionRequest,
+                         tenant: str) -> ChatTurn:
+        sampling = generate_request(body)
+        if body.tool_choice == "none" and body.tools:
+            # the tools stay in the prompt (toggling keeps the history cached); with no grammar here, a
+            # call the model starts ends the reply instead
+            sampling = sampling.model_copy(update={"stop": [*sampling.stop_strings(), TOOL_CALL]})
+        return await self.service.chat(session_id, prompt_messages(body), body.edit_mode, sampling)
+
+
 def _one_tenant() -> str:
     return "default"
 
 
 def build_router(original_chat: APIRoute | None) -> APIRouter:
-    """The shared session routes (leyline_runtime.api.sessions) and the plugin's own: health, bound chat."""
+    """The shared session routes (leyline_runtime.api.sessions) and the plugin's own: health, chat."""
     router = APIRouter(tags=["leyline"], route_class=LeylineErrorRoute)
     router.include_router(build_session_router(VllmSessions, _one_tenant))
 
@@ -177,77 +172,39 @@ def build_router(original_chat: APIRoute | None) -> APIRouter:
         support = getattr(request.app.state, "leyline_support", None) or {}
         return {"status": "ok", "model": _service(request).model_name, "splice": support}
 
+    router.include_router(_chat_router(original_chat))
+    return router
+
+
+def _chat_router(original_chat: APIRoute | None) -> APIRouter:
+    """``/v1/chat/completions``: bound to a session, the shared bound chat; otherwise vLLM's own handler.
+    Errors of the bound chat leave in OpenAI's shape, as on the bundled runtime's route."""
+    router = APIRouter(tags=["leyline"], route_class=OpenAIKnownErrorsRoute)
+
     @router.post("/v1/chat/completions", summary="OpenAI chat completions; bound to a session, edits become directives")
     async def chat_completions(request: Request):
-        raw = await _body(request)
+        data = read_json(await request.body())
         header = request.headers.get(SESSION_HEADER)
-        bound = isinstance(raw, dict) and (raw.get("session_id") is not None or header)
-        if not bound:
-            return await _delegate(original_chat, request, raw)
-        body = _parse(BoundChatRequest, raw)
-        sid = body.session_id or _check_id(header)
-        return await _bound_chat(_service(request), body, sid)
+        if header is None and not (isinstance(data, dict) and data.get("session_id") is not None):
+            return await _delegate(original_chat, request, data)
+        body = parse_chat_request(data)
+        session_id = bound_session(body.session_id, header)
+        return await bound_chat(VllmChat(request), request, session_id, body, _one_tenant())
 
     return router
 
 
-async def _delegate(original: APIRoute | None, request: Request, raw: Any):
+async def _delegate(original: APIRoute | None, request: Request, data: Any):
     """A chat request without a session: vLLM's own handler, as if no plugin were loaded."""
     if original is None:
         raise LeylineError("vLLM's chat endpoint is not available", code="unavailable", status_code=503)
-    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest as VllmChatRequest
 
     try:
-        parsed = ChatCompletionRequest.model_validate(raw)
+        parsed = VllmChatRequest.model_validate(data)
     except ValidationError as exc:
-        raise ValidationFailed(str(exc.errors(include_url=False, include_context=False))) from exc
+        raise RequestValidationError(exc.errors(include_url=False)) from exc
     return await original.endpoint(request=parsed, raw_request=request)
-
-
-async def _bound_chat(service: LeylineService, body: BoundChatRequest, sid: str) -> dict:
-    if body.stream:
-        raise ValidationFailed("streaming is not supported for session-bound requests on vLLM; send stream=false")
-    tools = tools_message(body.tools or [], call=_named_tool(body.tool_choice),
-                          required=body.tool_choice == "required")
-    messages = ([tools] if tools else []) + list(body.messages)
-    stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
-    if body.tool_choice == "none" and body.tools:
-        stops.append(TOOL_CALL)
-    sampling = GenerateRequest(
-        max_tokens=body.max_completion_tokens or body.max_tokens or DEFAULT_MAX_TOKENS,
-        temperature=1.0 if body.temperature is None else body.temperature,
-        top_p=1.0 if body.top_p is None else body.top_p, top_k=body.top_k or 0, seed=body.seed,
-        stop=[s for s in stops if s] or None, logprobs=bool(body.logprobs),
-        top_logprobs=(body.top_logprobs or 0) if body.logprobs else 0)
-    turn = await service.chat(sid, messages, body.leyline.mode if body.leyline else "amortize", sampling)
-    response, prefilled = turn.response, turn.prefilled
-    usage = response.usage
-    message = response.message
-    content = message.content if not (message.tool_calls and not message.content) else None
-    choice = {"index": 0, "finish_reason": response.finish_reason,
-              "message": {"role": "assistant", "content": content,
-                          "tool_calls": [c.model_dump(mode="json") for c in message.tool_calls]
-                          if message.tool_calls else None},
-              "logprobs": {"content": [lp.model_dump(mode="json") for lp in response.logprobs]}
-              if response.logprobs is not None else None}
-    return {
-        "id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
-        "model": service.model_name, "choices": [choice],
-        "usage": {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
-                  "total_tokens": usage.prompt_tokens + usage.completion_tokens,
-                  "prompt_tokens_details": {"cached_tokens": max(0, usage.prompt_tokens - prefilled)}},
-        "leyline": {"session_id": sid, "version": response.version, "built": turn.built, "rebuilt": turn.rebuilt,
-                    "rebuild_reason": turn.rebuild_reason,
-                    "directives_applied": len(turn.outcomes),
-                    "outcomes": [o.model_dump(mode="json") for o in turn.outcomes],
-                    "appended_messages": turn.appended, "prefilled_tokens": prefilled},
-    }
-
-
-def _named_tool(choice) -> str | None:
-    if isinstance(choice, dict):
-        return (choice.get("function") or {}).get("name")
-    return None
 
 
 class LeylineEndpoints:

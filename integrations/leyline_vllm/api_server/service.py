@@ -17,10 +17,9 @@ from __future__ import annotations
 import secrets
 import time
 import uuid
-from dataclasses import dataclass
 
+from leyline_runtime.api.chat_turn import ChatTurn, plan_chat_turn
 from leyline_runtime.auto_rule import AutoConfig, DriftState
-from leyline_sdk.batch_plan import BatchPlan, plan_batch
 from leyline_sdk.diff import apply_directives
 from leyline_sdk.errors import CapacityExceeded, SessionExists, SessionNotFound
 from leyline_sdk.tools_prompt import parse_assistant
@@ -49,23 +48,6 @@ from .session import VllmSession
 from .template import ChatRenderer
 
 REBUILT_VERSION_RANGE = 2**31  # where a rebuilt session's versions start (see create)
-
-
-@dataclass
-class ChatTurn:
-    response: GenerateResponse
-    outcomes: list[DirectiveOutcome]
-    appended: int
-    rebuilt: bool
-    # why the session was (re)built from the request: "unknown_session" (this replica did not hold a
-    # session whose history already has replies: a restart, a re-hash), "too_many_edits"; None otherwise
-    rebuild_reason: str | None = None
-    built: bool = False  # this replica did not hold the session: it was built from the request
-
-    @property
-    def prefilled(self) -> int:
-        """Prompt tokens computed for this request: by its directives and by the generation."""
-        return sum(o.recomputed_tokens for o in self.outcomes) + self.response.usage.prefill_tokens
 
 
 class LeylineService:
@@ -154,38 +136,33 @@ class LeylineService:
             return await self._apply(session, batch)
 
     async def chat(self, sid: str, messages: list[Message], mode: Mode, sampling: GenerateRequest) -> ChatTurn:
-        """A session-bound chat request: diff the history against the session's, apply the edits as one
-        batch, generate. A session that does not exist is built from the request.
+        """A session-bound chat turn, planned by the rules every engine shares (:func:`plan_chat_turn`): a
+        session this replica does not hold is built from the request, one it holds is edited (one batch)
+        or, past the batch limit, built afresh; then the reply is generated.
 
         The edits and the generation run as one prompt through vLLM (two where an amortized
         replacement must be prefilled first): applying the batch on its own and then generating
         would load the whole history's rows a second time."""
-        created, rebuilt, reason = sid not in self.sessions, False, None
-        if created:
-            # Built from the request. A history that already holds a reply was served elsewhere (another
-            # replica, this one before a restart): a rebuild, named. Without one it is a new session.
-            rebuilt = any(m.role == "assistant" for m in messages)
-            reason = "unknown_session" if rebuilt else None
-            await self.create(SessionCreate(session_id=sid), rebuild_reason=reason)
+        plan = None
+        if sid not in self.sessions:
+            plan = plan_chat_turn(None, messages, mode)
+            await self.create(SessionCreate(session_id=sid), rebuild_reason=plan.rebuild_reason)
         session = self.get(sid)
         async with session.lock:
-            batch, tail = None, list(messages)
-            if not created:
-                plan = plan_chat_batch(session.messages, messages, mode)
-                if plan.rebuild:  # too many edits for one batch: the history starts afresh from the request
-                    await self._reset(session)
-                    rebuilt, reason = True, "too_many_edits"
-                    self.stats.rebuilt(reason)
-                else:
-                    tail = plan.tail
-                    # id-only edits render the same: new ids, no rows touched (as the SDK's shadow)
-                    session.messages = apply_directives(session.messages, plan.local)
-                    if plan.directives:
-                        batch = DirectiveBatch(session_id=sid, directives=plan.directives)
-                        self.stats.directives += len(plan.directives)
-            body = sampling.model_copy(update={"messages": tail})
+            start_version, batch = session.version, None
+            plan = plan or plan_chat_turn(session.messages, messages, mode)
+            if plan.rebuild_reason == "too_many_edits":  # the history starts afresh from the request
+                await self._reset(session)
+                self.stats.rebuilt(plan.rebuild_reason)
+            elif not plan.build:
+                # id-only edits render the same: new ids, no rows touched (as the SDK's shadow)
+                session.messages = apply_directives(session.messages, plan.batch.local)
+                if plan.directives:
+                    batch = DirectiveBatch(session_id=sid, directives=plan.directives)
+                    self.stats.directives += len(plan.directives)
+            body = sampling.model_copy(update={"messages": plan.appended})
             response, _, outcomes = await self._generate(session, body, edits=batch)
-        return ChatTurn(response, outcomes, len(tail), rebuilt, reason, created)
+        return ChatTurn(response, plan, start_version=start_version, outcomes=outcomes)
 
     async def _reset(self, session: VllmSession) -> None:
         """Empty the session (its saved rows dropped); the caller holds its lock."""
@@ -297,10 +274,3 @@ class LeylineService:
         if len(ids) > self.max_model_len:
             raise CapacityExceeded(f"the history has {len(ids)} tokens; the model takes {self.max_model_len}")
         return ids, bounds
-
-
-def plan_chat_batch(old: list[Message], messages: list[Message], mode: Mode) -> BatchPlan:
-    """The directive batch a session-bound chat request sends (the SDK's and the bundled runtime's planner)."""
-    return plan_batch(old, messages, mode=mode)
-
-

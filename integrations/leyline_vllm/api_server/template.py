@@ -11,21 +11,11 @@ messages (the usual case; a template that does not fails loudly here).
 from __future__ import annotations
 
 import bisect
-import json
 from collections.abc import Sequence
 
 from leyline_sdk.errors import ValidationFailed
-from leyline_sdk.protocol import Message, ToolCall
-from leyline_sdk.tools_prompt import END_TOOL_CALL, TOOL_CALL, TOOLS_MESSAGE_ID, TOOLS_PREAMBLE
-
-
-def render_tool_call(call: ToolCall) -> str:
-    try:
-        arguments = json.loads(call.function.arguments or "{}")
-    except json.JSONDecodeError:
-        arguments = call.function.arguments
-    return TOOL_CALL + json.dumps({"name": call.function.name, "arguments": arguments}, ensure_ascii=False) \
-        + END_TOOL_CALL
+from leyline_sdk.protocol import Message
+from leyline_sdk.tools_prompt import TOOLS_MESSAGE_ID, TOOLS_PREAMBLE, render_tool_call
 
 
 def message_dict(message: Message) -> dict:

@@ -1,9 +1,11 @@
-"""From an OpenAI chat request to the runtime's prompt messages and sampling.
+"""From a chat request to what an engine runs: the prompt's messages and the generation's sampling.
 
 Tools become one system message in front of the history. It renders
 deterministically and carries a fixed id, so a session that sees the same
 tools again diffs clean, and changed tools become one (token-minimised)
-message replacement rather than a rebuild.
+message replacement rather than a rebuild. ``tool_choice: "none"`` keeps the
+tools in the prompt (so toggling it keeps the history cached); each engine
+keeps the reply from calling one its own way.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ from typing import Any
 from leyline_sdk.protocol import GenerateRequest, Message
 from leyline_sdk.tools_prompt import tools_message as shared_tools_message
 
-from .openai_schema import ChatCompletionRequest, NamedToolChoice
+from .chat_request import ChatCompletionRequest, NamedToolChoice
+
 DEFAULT_TEMPERATURE = 1.0  # OpenAI's default
 
 
@@ -31,15 +34,13 @@ def prompt_messages(request: ChatCompletionRequest) -> list[Message]:
 
 
 def stop_strings(request: ChatCompletionRequest) -> list[str]:
-    # tool_choice "none" keeps the tools in the prompt (so toggling it keeps the
-    # history cached); the tool-call token is masked instead (see .constraints).
     stops = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
     return [s for s in stops if s]
 
 
 def generate_request(request: ChatCompletionRequest, *, messages: list[Message] | None = None,
                      expected_version: int | None = None) -> GenerateRequest:
-    """The runtime's generate request for the sampling part of a chat request."""
+    """The engine's generate request for the sampling part of a chat request."""
     fields: dict[str, Any] = {
         "messages": messages or [],
         "expected_version": expected_version,

@@ -4,7 +4,9 @@ OpenAI clients map the status to an exception class (400 -> ``BadRequestError``,
 401 -> ``AuthenticationError``, 404 -> ``NotFoundError``, 409 -> ``ConflictError``),
 so an invalid request is a 400 here, as at OpenAI and vLLM, where the native routes
 answer 422 with ``{"error": {"code", "message"}}`` (see :mod:`.errors`). The
-mapping lives in the ``/v1`` router's route class, apart from the app's handlers.
+mapping lives in the ``/v1`` route class (:class:`OpenAIRoute`), apart from the app's
+handlers, so the chat route answers the same errors on every engine (the bundled
+runtime's ``/v1`` router, the vLLM plugin's session-bound chat).
 """
 
 from __future__ import annotations
@@ -22,13 +24,13 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from leyline_sdk.errors import LeylineError
 
-from ..api.errors import validation_text
-from ..api.json_body import content_type_problem
+from .errors import validation_text
+from .json_body import content_type_problem
 
 log = logging.getLogger("leyline.server")
 
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-          409: "conflict_error", 413: "invalid_request_error", 500: "server_error"}
+          409: "conflict_error", 413: "invalid_request_error", 500: "server_error", 503: "server_error"}
 
 
 class OpenAIError(Exception):
@@ -127,8 +129,14 @@ def _param_path(loc: list[str]) -> str | None:
     return out or None
 
 
+_KNOWN = (OpenAIError, RequestValidationError, StarletteHTTPException, LeylineError, ValueError, IndexError,
+          OverflowError)
+
+
 class OpenAIRoute(APIRoute):
-    """Answers every error of its route in OpenAI's shape."""
+    """Answers every error of its route in OpenAI's shape (an unexpected one as a 500 ``internal_error``)."""
+
+    answers_unexpected_errors = True
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
@@ -137,6 +145,8 @@ class OpenAIRoute(APIRoute):
             try:
                 return await handler(request)
             except Exception as exc:  # noqa: BLE001 - every error leaves in OpenAI's shape
+                if not (self.answers_unexpected_errors or isinstance(exc, _KNOWN)):
+                    raise
                 if isinstance(exc, RequestValidationError):
                     problem = content_type_problem(request, list(exc.errors()))
                     exc = invalid_request(problem) if problem else exc
@@ -145,3 +155,11 @@ class OpenAIRoute(APIRoute):
                 return JSONResponse(body, status_code=status, headers=headers)
 
         return handle
+
+
+class OpenAIKnownErrorsRoute(OpenAIRoute):
+    """Answers the errors Leyline knows in OpenAI's shape and lets any other reach the app's own
+    handlers: a route inside an app that is not ours (``vllm serve``, whose handlers act on its engine's
+    failures)."""
+
+    answers_unexpected_errors = False
