@@ -1,8 +1,10 @@
 """leyline-bench agent: what an agent gains end to end from Leyline.
 
 Held-out tasks run as real LangGraph agents (langchain.agents.create_agent) on a
-runtime served over HTTP (uvicorn in a thread of this process; the agent reaches it
-only through LeylineClient), in these arms on the same tasks and seeds:
+served engine (``--engine runtime``: the bundled runtime, uvicorn in a thread of this
+process; ``--engine vllm``: ``vllm serve`` with Leyline's plugin and real weights, a
+fresh server per arm; the agent reaches either only through LeylineClient over HTTP),
+in these arms on the same tasks and seeds:
 append-only on a prefix cache; LangChain's edits (ClearToolUsesEdit + a ten-line
 truncation rule) re-prefilled from the edit point (forget); the same edits through
 Leyline amortize and auto. Per arm: solve rate with a 95% Wilson interval, prompt
@@ -15,16 +17,21 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 from pathlib import Path
 
-from leyline_runtime import RuntimeConfig
+from leyline_sdk.errors import APIConnectionError
 
+from .agent_checkpoint import checkpoint_path, discard, load_finished, save_finished
+from .agent_engines import DEFAULT_VLLM_MODEL, ENGINES, load_average, make_engine
+from .agent_prompts import SYSTEM_PROMPTS
+from .agent_report import markdown, plot
 from .agent_run import ARMS, run_task
 from .agent_tasks import FAMILIES, LATENCIES, LOG_LINES, make_tasks
-from .inproc import serve_in_thread
-from .machine import command_line, cpu_model
-from .output import fmt, md_table, write_results
+from .machine import cpu_model
+from .output import write_results
 from .stats import percentile
+from .vllm_server import has_amx
 
 NAME = "agent"
 
@@ -34,8 +41,21 @@ def add_parser(sub) -> None:
     p.add_argument("--tasks", type=int, default=12, help="held-out tasks per family (the same seeds in each)")
     p.add_argument("--start", type=int, default=0, help="first task seed")
     p.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS), help="which arms to run")
-    p.add_argument("--max-tokens", type=int, default=64, help="tokens per model reply")
+    p.add_argument("--max-tokens", type=int, default=None,
+                   help="tokens per model reply (default: 64 on the runtime, 128 on vLLM)")
     p.add_argument("--max-calls", type=int, default=8, help="model calls per task before it counts as unsolved")
+    p.add_argument("--engine", choices=ENGINES, default="runtime",
+                   help="runtime: the bundled runtime in this process; vllm: vllm serve + Leyline's plugin, "
+                        "one server per arm (run with .venv-vllm's python)")
+    p.add_argument("--model", default=DEFAULT_VLLM_MODEL,
+                   help="--engine vllm: a leyline_bench.weights checkpoint name or a Hugging Face folder")
+    p.add_argument("--dtype", default="bfloat16", help="--engine vllm: the served dtype")
+    p.add_argument("--block-size", type=int, default=32,
+                   help="--engine vllm: KV block size (the CPU backends take multiples of 32)")
+    p.add_argument("--system-prompt", choices=list(SYSTEM_PROMPTS), default=None,
+                   help="the agent's system prompt (default: trained on the runtime, call-format on vLLM)")
+    p.add_argument("--resume", action="store_true",
+                   help="take the arms an earlier run with the same settings finished (<out>/agent.partial.*)")
     p.set_defaults(run=run, quick_overrides={"tasks": 1, "start": 1, "arms": ["append", "edits-amortize"],
                                              "max_calls": 4})
 
@@ -88,16 +108,59 @@ def compare(by_arm: dict[str, dict], a: str, b: str) -> str:
     return "tie"
 
 
-def run(args, log=print) -> dict:
-    tasks = make_tasks(args.tasks, args.start)
-    records: dict[str, list[dict]] = {arm: [] for arm in args.arms}
-    with serve_in_thread(RuntimeConfig()) as url:
+def engine_defaults(args) -> None:
+    """The settings each engine's model needs, where the command line left them open."""
+    on_vllm = args.engine == "vllm"
+    if args.max_tokens is None:
+        args.max_tokens = 128 if on_vllm else 64  # a real model's answer quotes several values in prose
+    if args.system_prompt is None:
+        args.system_prompt = "call-format" if on_vllm else "trained"
+
+
+def run_on(served, arm: str, task, args, tries: int = 3) -> dict:
+    """One task's record. A task the server died under is run again, from its start, on a restarted
+    server: the engine's death is not the agent's failure (the restart is reported with its reason)."""
+    for _ in range(tries):
+        try:
+            # The simulated waits are drawn per task, so every arm sees the same sequence of tool latencies.
+            result = run_task(served.url, ARMS[arm], task, LATENCIES["sampled"], args.max_tokens, args.max_calls,
+                              SYSTEM_PROMPTS[args.system_prompt])
+        except APIConnectionError as exc:  # the session's reset after the task found no server
+            reason = str(exc)[:300]
+        else:
+            if served.alive():
+                return dataclasses.asdict(result)
+            reason = result.error or "the server died after the task"
+        served.restart(f"{task.task_id}: {reason}")
+    raise RuntimeError(f"{arm}: the server died under {task.task_id} {tries} times")
+
+
+def run_arms(args, tasks, log) -> tuple[dict[str, list[dict]], dict[str, dict], dict]:
+    """Every arm's records and its server's report; the engine's own description."""
+    finished = load_finished(args)
+    resumed = [arm for arm in args.arms if arm in finished]
+    started, load_start = time.perf_counter(), load_average()
+    with make_engine(args) as engine:
         for arm in args.arms:
-            for task in tasks:
-                # The simulated waits are drawn per task, so every arm sees the same sequence of tool latencies.
-                result = run_task(url, ARMS[arm], task, LATENCIES["sampled"], args.max_tokens, args.max_calls)
-                records[arm].append(dataclasses.asdict(result))
-            log(f"{arm}: {sum(r['solved'] for r in records[arm])}/{len(tasks)} solved")
+            if arm in finished:
+                log(f"{arm}: taken from {checkpoint_path(args.out)}")
+                continue
+            with engine.arm(arm) as served:
+                records = [run_on(served, arm, task, args) for task in tasks]
+            finished[arm] = {"records": records, "server": served.info}
+            save_finished(args, finished)
+            log(f"{arm}: {sum(r['solved'] for r in records)}/{len(tasks)} solved")
+        described = {"name": engine.name, "description": engine.description}
+    described.update(amx=has_amx(), load_start=load_start, load_end=load_average(),
+                     elapsed_s=time.perf_counter() - started, resumed_arms=resumed)
+    return ({arm: finished[arm]["records"] for arm in args.arms},
+            {arm: finished[arm]["server"] for arm in args.arms}, described)
+
+
+def run(args, log=print) -> dict:
+    engine_defaults(args)
+    tasks = make_tasks(args.tasks, args.start)
+    records, servers, engine = run_arms(args, tasks, log)
     summary = {family: {arm: summarize([r for r in recs if r["family"] == family]) for arm, recs in records.items()}
                for family in FAMILIES}
     summary["all"] = {arm: summarize(recs) for arm, recs in records.items()}
@@ -105,12 +168,18 @@ def run(args, log=print) -> dict:
         "benchmark": NAME, "cpu": cpu_model(),
         "settings": {"tasks_per_family": args.tasks, "start": args.start, "arms": args.arms,
                      "max_tokens": args.max_tokens, "max_calls": args.max_calls, "log_lines": LOG_LINES,
+                     "system_prompt": args.system_prompt, "engine": args.engine,
+                     "model": args.model if args.engine == "vllm" else "default",
                      "latencies": {k: v.describe() for k, v in LATENCIES.items()}, "quick": args.quick},
+        "engine": engine, "servers": servers,
         "arms": {arm: ARMS[arm].meaning for arm in args.arms},
-        "summary": summary, "targets": targets(summary), "records": records,
+        "summary": summary, "targets": targets(summary),
     }
     plot(Path(args.out) / "agent.png", summary)
-    return write_results(args.out, NAME, result, "Agent runs end to end", markdown(result))
+    payload = write_results(args.out, NAME, result, "Agent runs end to end", markdown(result),
+                            samples={"records": records})
+    discard(args)  # written: the finished arms are in the samples file now
+    return payload
 
 
 def targets(summary: dict) -> dict:
@@ -128,52 +197,3 @@ def targets(summary: dict) -> dict:
             out[f"long_{arm}_minus_append_points"] = 100 * (long[arm]["solve_rate"] - long["append"]["solve_rate"])
             out[f"long_{arm}_vs_append"] = compare(long, arm, "append")
     return out
-
-
-def markdown(result: dict) -> str:
-    s = result["settings"]
-    lat = s["latencies"]["sampled"]
-    lines = [f"Command: `{command_line()}`", "", f"CPU: {result['cpu']}", "",
-             f"{s['tasks_per_family']} held-out tasks per family (seeds {s['start']}..), families: short (the tasks "
-             f"as trained) and long (file, search and test outputs followed by a {s['log_lines']}-line log tail). "
-             f"Tool latency 'sampled': lognormal, mu {lat['mu']:.3f}, sigma {lat['sigma']:.3f} (ln seconds; median "
-             f"{lat['median_s']:.3f} s, mean {lat['mean_s']:.1f} s), fitted to 86% of gaps < 1 s and 95% < 10 s; "
-             "the waits are added to the wall time, not slept. SummarizationMiddleware is not among the edits: "
-             "its summary would be written by the 12.8M-parameter default model, which was not trained to "
-             "summarize. Solve-rate differences inside the 95% intervals are ties.", ""]
-    for arm, meaning in result["arms"].items():
-        lines.append(f"- **{arm}**: {meaning}")
-    for family, by_arm in result["summary"].items():
-        lines += ["", f"## {family}", "", md_table(
-            ["arm", "solved", "95% interval", "tokens computed", "prompt tokens", "model s", "wall s (no wait)",
-             "wall s (sampled)", "TTFT p50", "TTFT p95", "overflows", "directives by mode"],
-            [[arm, f"{a['solved']}/{a['tasks']}", "–" if a["solve_rate_95"][0] is None else
-              f"{a['solve_rate_95'][0]:.2f}–{a['solve_rate_95'][1]:.2f}", a["computed_tokens"], a["prompt_tokens"],
-              fmt(a["model_s"]), fmt(a["wall_s"]["none"]), fmt(a["wall_s"]["sampled"]), fmt(a["ttft_s"]["p50"]),
-              fmt(a["ttft_s"]["p95"]), a["overflows"],
-              ", ".join(f"{m} {c}" for m, c in sorted(a["modes"].items())) or "–"] for arm, a in by_arm.items()])]
-    lines += ["", "## Targets", "", md_table(["measure", "value"],
-                                              [[k, fmt(v) if isinstance(v, float) else v]
-                                               for k, v in result["targets"].items()])]
-    return "\n".join(lines)
-
-
-def plot(path: Path, summary: dict) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from .plots import _save
-
-    fig, axes = plt.subplots(1, len(FAMILIES), figsize=(10, 4))
-    for ax, family in zip(axes, FAMILIES):
-        for arm, a in summary[family].items():
-            if a["solve_rate"] is None:
-                continue
-            low, high = a["solve_rate_95"]
-            ax.errorbar([a["computed_tokens"]], [a["solve_rate"]], fmt="o", capsize=4, label=arm,
-                        yerr=[[a["solve_rate"] - low], [high - a["solve_rate"]]])
-        ax.set(title=f"{family} family", xlabel="prompt tokens computed", ylabel="solve rate (95% interval)",
-               ylim=(0, 1))
-        ax.legend(fontsize=8)
-    _save(fig, path)

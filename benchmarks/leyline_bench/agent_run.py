@@ -22,8 +22,6 @@ from langgraph.errors import GraphRecursionError
 from leyline_langchain import ChatLeyline
 from leyline_sdk import LeylineClient, LeylineMemory
 from leyline_sdk.policy import ModePolicy, auto_policy, default_policy, force_mode
-from leyline_training.transcripts import SYSTEM_PROMPT
-
 from .agent_tasks import AgentTask
 
 TRUNCATE_LINES = 10  # the ten-line rule: an old tool output keeps its first ten lines
@@ -127,12 +125,13 @@ def is_overflow(exc: Exception) -> bool:
     return any(w in text for w in ("context", "max_position", "too long", "exceeds", "positions"))
 
 
-def run_task(base_url: str, arm: Arm, task: AgentTask, latency, max_tokens: int, max_calls: int) -> TaskResult:
+def run_task(base_url: str, arm: Arm, task: AgentTask, latency, max_tokens: int, max_calls: int,
+             system_prompt: str) -> TaskResult:
     result = TaskResult(task.task_id, task.family, task.task.kind)
     memory = LeylineMemory(LeylineClient(base_url, timeout=600), policy=arm.policy)
     model, middleware = leyline_agent_model(memory, edit_middleware() if arm.edits else [], max_tokens)
     agent = create_agent(model=model, tools=task.tools(result.tool_waits_s, latency.sampler(task.task_id)),
-                         middleware=middleware, system_prompt=SYSTEM_PROMPT)
+                         middleware=middleware, system_prompt=system_prompt)
     thread = f"{arm.name}-{task.task_id}"
     timer = ModelTimer()
     t0 = time.perf_counter()

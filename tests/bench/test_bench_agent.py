@@ -45,3 +45,98 @@ def test_quick_run_writes_every_arm(tmp_path):
     long = payload["summary"]["long"]
     assert long["append"]["overflows"] == 1
     assert long["edits-amortize"]["overflows"] == 0 and long["edits-amortize"]["modes"].get("amortize", 0) >= 1
+
+
+def test_the_call_format_prompt_shows_a_call_the_servers_parse():
+    """The example call in the prompt for models not trained on Leyline's markers is one the runtime and the
+    vLLM plugin parse (leyline_sdk.tools_prompt), naming one of the tasks' tools."""
+    from leyline_bench.agent_prompts import CALL_FORMAT_PROMPT, SYSTEM_PROMPTS
+    from leyline_training.tools import TOOLS
+
+    from leyline_sdk.tools_prompt import parse_assistant
+
+    example = next(line for line in CALL_FORMAT_PROMPT.splitlines() if line.startswith("<|tool_call|>"))
+    parsed = parse_assistant(example)
+    assert parsed.malformed == [] and [c.function.name for c in parsed.tool_calls] == ["kv_get"]
+    assert "kv_get" in {t["function"]["name"] for t in TOOLS}
+    assert set(SYSTEM_PROMPTS) == {"trained", "call-format"}
+
+
+def test_vllm_counters_and_prefix_cache_are_read_from_what_vllm_prints():
+    from leyline_bench.agent_engines import metric_totals, prefix_caching_on
+
+    page = ('# HELP vllm:prefix_cache_hits_total x\nvllm:prefix_cache_queries_total{engine="0",model_name="m"} 1200.0\n'
+            'vllm:prefix_cache_hits_total{engine="0",model_name="m"} 900.0\n'
+            'vllm:prefix_cache_hits_created{engine="0",model_name="m"} 1.7e+09\n'
+            'vllm:external_prefix_cache_hits_total{engine="0",model_name="m"} 64.0\n')
+    assert metric_totals(page) == {"prefix_cache_queries": 1200.0, "prefix_cache_hits": 900.0, "connector_hits": 64.0}
+    assert prefix_caching_on("... seed=0, enable_prefix_caching=True, enable_chunked_prefill=True") is True
+    assert prefix_caching_on("no config line") is None
+
+
+def test_engine_defaults_fit_the_served_model():
+    import argparse
+
+    from leyline_bench.agent import engine_defaults
+
+    runtime = argparse.Namespace(engine="runtime", max_tokens=None, system_prompt=None)
+    vllm = argparse.Namespace(engine="vllm", max_tokens=None, system_prompt=None)
+    given = argparse.Namespace(engine="vllm", max_tokens=32, system_prompt="trained")
+    for args in (runtime, vllm, given):
+        engine_defaults(args)
+    assert (runtime.max_tokens, runtime.system_prompt) == (64, "trained")
+    assert (vllm.max_tokens, vllm.system_prompt) == (128, "call-format")
+    assert (given.max_tokens, given.system_prompt) == (32, "trained")
+
+
+def test_a_task_the_server_died_under_is_run_again_on_a_restarted_server(monkeypatch):
+    import argparse
+
+    from leyline_bench import agent
+    from leyline_bench.agent_run import TaskResult
+
+    from leyline_sdk.errors import APIConnectionError
+
+    class Served:
+        url, deaths, restarts = "http://x", 1, []
+
+        def alive(self):
+            return self.deaths == 0
+
+        def restart(self, reason):
+            self.restarts.append(reason)
+            self.deaths = 0
+
+    calls = []
+
+    def fake_run_task(url, *rest):
+        calls.append(url)
+        if len(calls) == 1:
+            raise APIConnectionError("connection reset")
+        return TaskResult("short:test-0", "short", "calc", solved=True)
+
+    monkeypatch.setattr(agent, "run_task", fake_run_task)
+    args = argparse.Namespace(max_tokens=8, max_calls=2, system_prompt="trained")
+    task = type("T", (), {"task_id": "short:test-0"})()
+    served = Served()
+    record = agent.run_on(served, "append", task, args)
+    assert record["solved"] and len(calls) == 2
+    assert len(served.restarts) == 1 and "connection reset" in served.restarts[0]
+
+
+def test_resume_takes_only_arms_finished_with_the_same_settings(tmp_path):
+    import argparse
+
+    from leyline_bench.agent_checkpoint import discard, load_finished, save_finished
+
+    def args(**changes):
+        base = {"out": str(tmp_path), "resume": True, "engine": "vllm", "model": "m", "dtype": "bfloat16",
+                "block_size": 32, "tasks": 2, "start": 0, "max_tokens": 128, "max_calls": 8,
+                "system_prompt": "call-format"}
+        return argparse.Namespace(**{**base, **changes})
+
+    save_finished(args(), {"append": {"records": [{"solved": True}], "server": {}}})
+    assert set(load_finished(args())) == {"append"}
+    assert load_finished(args(tasks=3)) == {} and load_finished(args(resume=False)) == {}
+    discard(args())
+    assert load_finished(args()) == {}
