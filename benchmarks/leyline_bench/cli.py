@@ -27,7 +27,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "chaos": ("chaos", "mixed valid and invalid load from many clients on a served runtime"),
     "agent": ("agent", "LangGraph agents end to end: solve rate, tokens computed and wall time, with and without edits"),
     "drift": ("drift_bench", "amortize / forget / auto drift on GQA and MLA models, transformers as the oracle"),
+    "drift-real": ("drift_real", "amortize / repair / auto / forget on real weights and edits from real agent "
+                                 "sessions: next turn, greedy tokens, removed-content questions"),
     "vllm": ("vllm", "directives inside vllm serve with Leyline's plugins (needs .venv-vllm)"),
+    "traces": ("agent_traces", "real agent sessions replayed through the history policies frameworks apply: "
+                               "prompt tokens computed vs the floor, TTFT; vLLM, Leyline, llama.cpp, the runtime"),
     "portability": ("portability", "per RoPE family: the vLLM plugin's verdict, rotation error, forget vs fresh, "
                                    "TTFT (needs .venv-vllm)"),
 }

@@ -29,7 +29,8 @@ def add_parser(sub) -> None:
     p = sub.add_parser("drift")
     p.add_argument("--models", default="mla-default=default",
                    help="comma list of label=folder (a model folder transformers loads; 'default': the embedded "
-                        "default model; 'random-llama': a seeded random Llama of the default model's size)")
+                        "default model; 'random-llama': a seeded random Llama of the default model's size; "
+                        "'random-qwen2': a tiny seeded random Qwen2)")
     p.add_argument("--sessions", type=int, default=3, help="agent-like sessions per model")
     p.add_argument("--session-seed", type=int, default=2, help="first session seed (the fidelity bench's default)")
     p.add_argument("--edits", type=int, default=20, help="edit batches per session")
@@ -41,6 +42,8 @@ def add_parser(sub) -> None:
 
 def load_model(folder: str):
     """A transformers causal LM for ``folder`` (fp32, eval)."""
+    if folder == "random-qwen2":
+        return random_qwen2(ChatTokenizer.from_file(DEFAULT_MODEL_DIR / "tokenizer.json").vocab_size)
     if folder == "random-llama":
         from leyline_training.architectures import new_model
 
@@ -50,6 +53,24 @@ def load_model(folder: str):
 
     path = DEFAULT_MODEL_DIR if folder == "default" else Path(folder)
     return AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+
+
+def random_qwen2(vocab_size: int, seed: int = 0):
+    """A seeded random Qwen2 (4 layers, 4 query / 2 KV heads of 32, rope theta 1e6), fp32. Its q/k/v biases are
+    drawn too: transformers initialises them to zero, and a zero bias would not test that the cached key
+    includes it before the rotation."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    cfg = Qwen2Config(vocab_size=vocab_size, hidden_size=128, intermediate_size=256, num_hidden_layers=4,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=8192,
+                      rope_parameters={"rope_type": "default", "rope_theta": 1e6}, tie_word_embeddings=False)
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(cfg).to(torch.float32).eval()
+    with torch.no_grad():
+        for layer in model.model.layers:
+            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                proj.bias.normal_(0.0, 0.5)
+    return model
 
 
 def _models(spec: str) -> list[tuple[str, str]]:

@@ -37,9 +37,8 @@ from dataclasses import dataclass, field
 import torch
 
 from leyline_kernels import delta_rotation_table, rotate_and_splice
-from leyline_runtime.auto_rule import AutoConfig, moved_position, signal_choice, tail_is_short
+from leyline_runtime.auto_rule import AutoConfig, DriftState, moved_position, signal_choice, tail_is_short
 from leyline_runtime.directives.executor import common_ends
-from leyline_runtime.auto_rule import DriftState
 from .policies import jsd_rows
 
 POLICIES = ("amortize", "forget", "auto")
@@ -96,9 +95,11 @@ def length(rows: Rows) -> int:
 
 
 @torch.no_grad()
-def prefill(model, ids: list[int], start: int, past: Rows) -> tuple[torch.Tensor, Rows]:
+def prefill(model, ids: list[int], start: int, past: Rows, keep: int = 0) -> tuple[torch.Tensor, Rows]:
     """Logits of ``ids`` at positions ``start..`` over the rows ``past`` (of positions ``0..start``), and
-    the rows the model wrote for them."""
+    the rows the model wrote for them. ``keep``: logits of the last ``keep`` positions only (0: all); a
+    real vocabulary's head over every position of a 3k-token prefill costs a third of the prefill and
+    1.8 GB of fp32 logits, and the rows do not depend on it."""
     from transformers import DynamicCache
 
     cache = DynamicCache(config=model.config)
@@ -106,7 +107,7 @@ def prefill(model, ids: list[int], start: int, past: Rows) -> tuple[torch.Tensor
         cache.update(k[None].clone(), v[None].clone(), i)
     x = torch.tensor([ids], dtype=torch.long)
     positions = torch.arange(start, start + len(ids))[None]
-    out = model(input_ids=x, position_ids=positions, cache=cache, use_cache=True)
+    out = model(input_ids=x, position_ids=positions, cache=cache, use_cache=True, logits_to_keep=keep)
     return out.logits[0].float(), [(layer.keys[0, :, start:], layer.values[0, :, start:]) for layer in cache.layers]
 
 
@@ -132,11 +133,13 @@ def layer1_change(model, rows: Rows, tokens: list[int], start: int, end: int) ->
     """Mean relative change of the layer-1 rows ``[start, end)`` when they are recomputed on the rows before."""
     if end <= start or len(rows) < 2:
         return 0.0
-    _, fresh = prefill(model, tokens[start:end], start, take(rows, 0, start))
+    _, fresh = prefill(model, tokens[start:end], start, take(rows, 0, start), keep=1)
 
     def flat(layer) -> torch.Tensor:
         k, v = layer
-        return torch.cat([k.permute(1, 0, 2).reshape(k.shape[1], -1), v.permute(1, 0, 2).reshape(v.shape[1], -1)], 1)
+        # fp32: a bf16 cache's norms would round the change itself
+        return torch.cat([k.permute(1, 0, 2).reshape(k.shape[1], -1), v.permute(1, 0, 2).reshape(v.shape[1], -1)],
+                         1).float()
 
     new, old = flat(fresh[1]), flat(take(rows, start, end)[1])
     return float(((new - old).norm(dim=-1) / new.norm(dim=-1).clamp_min(1e-12)).mean())
@@ -188,10 +191,10 @@ def apply_edit(model, run: PolicyRun, new: list[int], e: Edit, slot: RopeSlot, c
     """Bring ``run.rows`` (of the old history) to the edited history ``new`` under ``run.policy``."""
     prefix, n = take(run.rows, 0, e.start), len(new)
     if run.policy == "forget":
-        _, rest = prefill(model, new[e.start:], e.start, prefix)
+        _, rest = prefill(model, new[e.start:], e.start, prefix, keep=1)
         run.rows, run.recomputed = cat(prefix, rest), run.recomputed + n - e.start
         return
-    _, replacement = prefill(model, new[e.start:e.new_end], e.start, prefix) if e.new_end > e.start else (None, [])
+    replacement = prefill(model, new[e.start:e.new_end], e.start, prefix, keep=1)[1] if e.new_end > e.start else []
     tail = moved(take(run.rows, e.old_end, length(run.rows)), e.delta, slot)
     run.rows, run.recomputed = cat(prefix, replacement, tail), run.recomputed + e.new_end - e.start
     if run.policy == "amortize":
@@ -221,7 +224,7 @@ def apply_edit(model, run: PolicyRun, new: list[int], e: Edit, slot: RopeSlot, c
 
 
 def _recompute_from(model, run: PolicyRun, tokens: list[int], start: int) -> None:
-    _, rest = prefill(model, tokens[start:], start, take(run.rows, 0, start))
+    _, rest = prefill(model, tokens[start:], start, take(run.rows, 0, start), keep=1)
     run.rows, run.recomputed = cat(take(run.rows, 0, start), rest), run.recomputed + len(tokens) - start
 
 
@@ -261,7 +264,7 @@ def run_session(model, tok, session, slot: RopeSlot, cfg: AutoConfig, policies=P
         for run in runs.values():
             apply_edit(model, run, new, e, slot, cfg)
             if run.policy == "amortize" and i == 0:
-                layer0_err = _layer0_error(run.rows, ref_rows, e.new_end, len(new), slot)
+                layer0_err = layer0_error(run.rows, ref_rows, e.new_end, len(new), slot)
             score_turn(model, run, new, turn, header, ref_logits[len(new):], first=i == 0)
         forget_err = max(forget_err, max(runs["forget"].next_jsd[-len(turn) - 1:])) if "forget" in runs else 0.0
         messages, tokens = new_messages + list(step.next_turn), new + turn
@@ -274,7 +277,7 @@ def _flat(tok, messages) -> list[int]:
     return [t for m in tok.encode_messages(messages) for t in m]
 
 
-def _layer0_error(rows: Rows, ref: Rows, a: int, b: int, slot: RopeSlot) -> float:
+def layer0_error(rows: Rows, ref: Rows, a: int, b: int, slot: RopeSlot) -> float:
     """Largest error of the moved rows' layer-0 rotary dims against a fresh prefill's, relative to their max."""
     got, want = rows[0][slot.tensor][:, a:b], ref[0][slot.tensor][:, a:b]
     sl = slice(slot.offset, slot.offset + slot.dim)

@@ -1,6 +1,6 @@
 """The transformers oracle of ``leyline-bench drift``: its splice is the connectors' (layer-0 rows of moved tokens
-equal a fresh prefill's; unrotated or wrongly paired they do not), forget is a fresh prefill, and the quick run
-reports every policy for an MLA and a GQA model."""
+equal a fresh prefill's; unrotated or wrongly paired they do not; on MLA, Llama and Qwen2, whose keys carry a
+q/k/v bias), forget is a fresh prefill, and the quick run reports every policy for an MLA and a GQA model."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from leyline_bench.drift_bench import load_model
 from leyline_bench.drift_oracle import cat, moved, prefill, rope_slot, take
 
 
-@pytest.fixture(scope="module", params=["default", "random-llama"])
+@pytest.fixture(scope="module", params=["default", "random-llama", "random-qwen2"])
 def model(request):
     torch.manual_seed(0)
     return load_model(request.param)

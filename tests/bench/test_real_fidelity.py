@@ -1,0 +1,172 @@
+"""``leyline-bench drift-real``'s harness on a tiny random Qwen2 (q/k/v biases drawn, nothing downloaded): forget's
+rows are a fresh prefill's, amortize's layer-0 rows are a fresh prefill's in their rotary dims (unrotated they are
+not) while its upper layers drift, repair recomputes exactly its window; the real-session edits and the
+removed-content questions are what they say; the quick run reports every mode."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from leyline_bench.cli import main
+from leyline_bench.drift_bench import load_model
+from leyline_bench.drift_oracle import diff, moved, prefill, rope_slot, take
+from leyline_bench.drift_real import load
+from leyline_bench.real_edits import PLACEHOLDER, SUMMARY_CHARS, Renderer, candidates, histories, template_message
+from leyline_bench.real_modes import EXACT, agreeing_prefix, answer_logprob, continue_all, edited_rows
+from leyline_bench.removed_content import answers, question_for
+from leyline_bench.sessions.load import load_sessions
+from leyline_runtime.auto_rule import AutoConfig
+
+pytest.importorskip("matplotlib")
+
+
+@pytest.fixture(scope="module")
+def qwen():
+    return load_model("random-qwen2")
+
+
+@pytest.fixture(scope="module")
+def edited(qwen):
+    """History a + x + b edited to a + y + b (b long enough for auto to measure), under every mode."""
+    g = torch.Generator().manual_seed(3)
+    a, x, b = (torch.randint(10, 8000, (n,), generator=g).tolist() for n in (50, 30, 220))
+    old, new = a + x + b, a + [7, 7, 7] + b
+    e = diff(old, new)
+    _, rows = prefill(qwen, old, 0, [])
+    modes = edited_rows(qwen, rows, new, e, rope_slot(qwen), AutoConfig(), ["amortize", "repair-16", "auto", "forget"])
+    return rows, new, e, modes
+
+
+def _gap(got, want) -> float:
+    return float((got - want).abs().max() / want.abs().max())
+
+
+def test_forget_rows_are_a_fresh_prefill(edited):
+    _, new, e, modes = edited
+    for (k, v), (rk, rv) in zip(modes["forget"].rows, modes[EXACT].rows):
+        assert _gap(k, rk) < 1e-5 and _gap(v, rv) < 1e-5
+    assert modes["forget"].recomputed == len(new) - e.start
+
+
+def test_amortize_is_exact_at_layer0_only_and_unrotated_rows_are_not(qwen, edited):
+    old_rows, new, e, modes = edited
+    tail = slice(e.new_end, len(new))
+    (k0, v0), (rk0, rv0) = modes["amortize"].rows[0], modes[EXACT].rows[0]
+    assert _gap(k0[:, tail], rk0[:, tail]) < 1e-4 and _gap(v0[:, tail], rv0[:, tail]) < 1e-5
+    unrotated = take(old_rows, e.old_end, e.old_end + len(new) - e.new_end)[0][0]
+    assert _gap(unrotated, rk0[:, tail]) > 0.05
+    wrong_way = moved(take(old_rows, e.old_end, e.old_end + len(new) - e.new_end), -e.delta, rope_slot(qwen))[0][0]
+    assert _gap(wrong_way, rk0[:, tail]) > 0.05
+    top, ref_top = modes["amortize"].rows[-1][0], modes[EXACT].rows[-1][0]
+    assert _gap(top[:, tail], ref_top[:, tail]) > 1e-3  # stale above layer 0: the drift the bench measures
+    assert modes["amortize"].recomputed == e.new_end - e.start
+
+
+def test_repair_recomputes_its_window_exactly_and_nothing_after(edited):
+    _, _, e, modes = edited
+    window, after = slice(e.new_end, e.new_end + 16), slice(e.new_end + 16, None)
+    for (k, _), (rk, _) in zip(modes["repair-16"].rows, modes[EXACT].rows):
+        assert _gap(k[:, window], rk[:, window]) < 1e-5
+    assert _gap(modes["repair-16"].rows[-1][0][:, after], modes[EXACT].rows[-1][0][:, after]) > 1e-3
+    assert modes["repair-16"].recomputed == modes["amortize"].recomputed + 16
+
+
+def test_auto_decides_on_a_measured_signal(edited):
+    auto = edited[3]["auto"]
+    assert auto.choice in ("amortize", "forget") and auto.signal is not None and auto.signal > 0
+    assert auto.signal_tokens == AutoConfig().signal_window
+
+
+def test_a_batched_arm_continues_as_it_would_alone(qwen, edited):
+    _, _, _, modes = edited
+    prompt = [11, 12, 13, 14]
+    alone, _ = continue_all(qwen, [modes[EXACT].rows], prompt, 3, set(), keep=4)
+    batched, _ = continue_all(qwen, [modes[EXACT].rows, modes["amortize"].rows], prompt, 3, set(), keep=4)
+    assert torch.allclose(alone[0], batched[0], atol=1e-4)
+    assert not torch.allclose(batched[0], batched[1], atol=1e-6)
+
+
+def test_answer_logprob_is_the_teacher_forced_sum(qwen, edited):
+    _, new, _, modes = edited
+    prompt, answer = [21, 22, 23], [31, 32]
+    (got,) = answer_logprob(qwen, [modes[EXACT].rows], prompt, answer)
+    logits, _ = prefill(qwen, prompt + answer, len(new), modes[EXACT].rows)
+    logp = torch.log_softmax(logits, -1)
+    want = float(logp[2, 31] + logp[3, 32])
+    assert abs(got - want) < 1e-3 and got < 0
+
+
+def test_agreeing_prefix_counts_up_to_the_reference_stop():
+    assert agreeing_prefix([1, 2, 3, 0, 5], [1, 2, 9, 0, 5], {0}) == (2, 4)
+    assert agreeing_prefix([1, 2, 3, 0, 5], [1, 2, 3, 0, 7], {0}) == (4, 4)
+    assert agreeing_prefix([1, 2], [1], set()) == (1, 2)
+
+
+@pytest.fixture(scope="module")
+def render():
+    return Renderer(load("random-qwen2", torch.float32)[1])
+
+
+def test_real_edits_do_what_their_kind_says(render):
+    sessions = load_sessions()[:30]
+    seen = set()
+    for s in sessions:
+        for kind, h in histories(render, s, 3000, 600).items():
+            for e in candidates(h, kind):
+                seen.add(kind)
+                old, new = h.messages, e.messages
+                assert new[-1] is old[-1]  # the last round is never edited
+                if kind == "clear":
+                    assert new[e.target].content == PLACEHOLDER and e.removed[0][1] == old[e.target].content
+                elif kind == "truncate":
+                    kept = new[e.target].content.split("\n")
+                    assert len(kept) == 11 and "lines truncated" in kept[5]
+                elif kind == "drop":
+                    assert len(new) == len(old) - 2 and old[e.target + 1].content.startswith("<returncode>")
+                    assert not old[e.target + 1].content.startswith("<returncode>0<")
+                else:
+                    assert len(new) == len(old) - 3 and new[e.target].role == "user"
+                    assert len(new[e.target].content) <= SUMMARY_CHARS + 60
+    assert seen == {"clear", "truncate", "drop", "summary"}
+
+
+def test_tool_call_arguments_render_once_not_as_a_quoted_string():
+    (call,) = [m for m in load_sessions()[0].messages if m.tool_calls][:1]
+    assert isinstance(template_message(call)["tool_calls"][0]["function"]["arguments"], dict)
+
+
+def test_questions_only_ask_for_values_the_edit_removed():
+    removed = [("python run.py", "Traceback:\n  File \"pkg/mod.py\"\nKeyError: 'x'\nValueError: bad")]
+    q = question_for(removed, "the task mentions ValueError")
+    assert q.kind == "exception" and q.answers == ("KeyError",) and "`python run.py`" in q.text
+    assert answers(q, "KeyError") and not answers(q, "ValueError")
+    listing = "<returncode>0</returncode>\n<output>\nsetup.py\nsetup.py\nREADME.rst\nsrc/pkg/core.py\nsrc/pkg/util.py\n"
+    q = question_for([("ls -R", listing)], "we saw src/pkg/core.py")
+    # setup.py is not unique, core.py is shown elsewhere: the line after README.rst... is not, util.py is
+    assert q.kind == "next_line" and q.answers == ("src/pkg/util.py",) and "`src/pkg/core.py`" in q.text
+    assert answers(q, "`src/pkg/util.py`") and not answers(q, "src/pkg/core.py")
+    assert answers(q, "It is src/pkg/util.py.") and not answers(q, "src/pkg/util.pyc")
+    tree = question_for([("ls -R", "./data:\n./data/TeXmacs:\n./data/TeXmacs/bin:\n")], "")
+    assert tree.answers == ("data/TeXmacs",) and answers(tree, "./data/TeXmacs:")
+    assert answers(tree, "data/TeXmacs") and not answers(tree, "./data/TeXmacs/bin:")
+    assert question_for([("ls", "<output>\nab\n</output>")], "") is None
+
+
+def test_quick_run_reports_every_mode_and_forget_is_exact(tmp_path):
+    out = tmp_path / "out"
+    assert main(["drift-real", "--quick", "--threads", "1", "--sessions", "30", "--max-tokens", "3000",
+                 "--out", str(out)]) == 0
+    payload = json.loads((out / "drift_real.json").read_text())
+    assert (out / "drift_real.md").read_text().startswith("# leyline-bench drift-real")
+    assert (out / "drift_real.png").exists() and (out / "drift_real.samples.json.gz").exists()
+    s = payload["models"]["tiny-qwen2"]["summary"]
+    assert s["edits"] == 4 and set(s["modes"]) == {"amortize", "repair-16", "auto", "forget"}
+    assert s["checks"]["forget_vs_exact_max_jsd"] < 1e-9 and s["checks"]["forget_greedy_identical"] == 1
+    assert s["checks"]["layer0_rotary_max_rel_err"] < 1e-4
+    assert s["modes"]["forget"]["share"] == 1 and s["modes"]["amortize"]["share"] < 1
+    assert s["modes"]["amortize"]["next_jsd_max"] > s["checks"]["forget_vs_exact_max_jsd"]
+    assert s["removed"]["questions"] >= 1 and payload["models"]["tiny-qwen2"]["fp32_floor"]["edits"] == 2
+    assert s["removed"]["arms"]["exact"]["logprob_gain_median"] == 0
