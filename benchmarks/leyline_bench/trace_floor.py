@@ -23,6 +23,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from .sessions.cache_breaks import common_prefix_length
+
 
 def lcs_length(a: Sequence[int], b: Sequence[int]) -> int:
     """Length of the longest common subsequence of ``a`` and ``b`` (exact)."""
@@ -72,18 +74,8 @@ def stream_floors(sessions: Sequence[Sequence[Sequence[int]]]) -> list[list[int]
     for histories in sessions:
         floors = turn_floors(histories)
         if floors and last is not None:
-            floors[0] = len(histories[0]) - prefix_kept(last, histories[0])
+            floors[0] = len(histories[0]) - common_prefix_length(last, histories[0])
         if histories:
             last = histories[-1]
         out.append(floors)
     return out
-
-
-def prefix_kept(previous: Sequence[int], ids: Sequence[int]) -> int:
-    """The length of the common prefix of ``previous`` and ``ids``."""
-    n = 0
-    for x, y in zip(previous, ids):
-        if x != y:
-            break
-        n += 1
-    return n

@@ -33,6 +33,7 @@ import itertools
 import json
 import random
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -56,7 +57,8 @@ class TraceBreaks:
     breaks: list[Break]
 
 
-def common_prefix_length(a: list[int], b: list[int]) -> int:
+def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
+    """The length of the common prefix of ``a`` and ``b``."""
     n = 0
     for x, y in zip(a, b):
         if x != y:
