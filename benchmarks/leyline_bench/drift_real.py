@@ -17,8 +17,10 @@ there is float32's noise floor, beside the run dtype's.
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import torch
 
@@ -55,6 +57,9 @@ def add_parser(sub) -> None:
     p.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16"), help="the run's dtype")
     p.add_argument("--fp32-floor", type=int, default=0, help="edits played again in float32, forget only")
     p.add_argument("--drift-budget", type=float, default=None, help="auto's drift budget (default: the runtime's)")
+    p.add_argument("--journal", default=None,
+                   help="JSON-lines file of finished edits: read on start (those edits are not played again) and "
+                        "appended after each edit, so a run cut short resumes where it stopped")
     p.add_argument("--name", default=NAME, help=f"output files' name (default {NAME}: <out>/{NAME}.json, .md, .png)")
     p.set_defaults(run=run, quick_overrides={
         "models": "tiny-qwen2=random-qwen2", "sessions": 12, "edits": 4, "max_tokens": 3500, "turn_tokens": 600,
@@ -94,7 +99,9 @@ def run(args, log=print) -> dict:
         render = Renderer(tok)
         edits = select_edits(render, sessions, kinds, args.edits, args.max_tokens, args.turn_tokens)
         t0 = time.perf_counter()
-        records = play(model, render, edits, cfg, mode_names(windows), args, log=lambda s, at=label: log(f"{at} {s}"))
+        journal = Journal(args.journal, label) if args.journal else None
+        records = play(model, render, edits, cfg, mode_names(windows), args, journal=journal,
+                       log=lambda s, at=label: log(f"{at} {s}"))
         seconds = time.perf_counter() - t0
         floor = []
         if args.fp32_floor:
@@ -117,20 +124,49 @@ def run(args, log=print) -> dict:
     return payload
 
 
-def play(model, render: Renderer, edits, cfg, modes: list[str], args, ask: bool = True, log=print) -> list[dict]:
+class Journal:
+    """Finished edits of one model, one JSON line each, keyed by the edit's place in the selection and its
+    session and kind (a journal written under other settings does not match and is not reused)."""
+
+    def __init__(self, path: str, label: str):
+        self.path, self.label, self.done = Path(path), label, {}
+        if self.path.exists():
+            for line in self.path.read_text().splitlines():
+                entry = json.loads(line)
+                if entry["model"] == label:
+                    self.done[(entry["index"], entry["session"], entry["kind"])] = entry["record"]
+
+    def key(self, index: int, edit) -> tuple:
+        return index, edit.history.session, edit.kind
+
+    def add(self, index: int, edit, record: dict | None) -> None:
+        with self.path.open("a") as f:
+            f.write(json.dumps({"model": self.label, "index": index, "session": edit.history.session,
+                                "kind": edit.kind, "record": record}) + "\n")
+
+
+def play(model, render: Renderer, edits, cfg, modes: list[str], args, ask: bool = True, journal: Journal | None = None,
+         log=print) -> list[dict]:
     """Every edit under every mode; the unedited history's rows are prefilled once per history."""
     slot, cached, out = rope_slot(model), (None, None), []
-    for edit in edits:
+    for index, edit in enumerate(edits):
+        if journal and journal.key(index, edit) in journal.done:
+            if (record := journal.done[journal.key(index, edit)]) is not None:
+                out.append(record)
+            continue
         t0 = time.perf_counter()
         key = (edit.history.session, edit.history.first_round)
         if cached[0] != key:
             cached = (key, history_rows(model, edit.history.tokens))
         record = run_edit(model, render, edit, cached[1], slot, cfg, modes, args.greedy_tokens, args.answer_tokens,
                           ask=ask)
+        if record is not None:
+            record["seconds"] = time.perf_counter() - t0
+        if journal:
+            journal.add(index, edit, record)
         if record is None:
             log(f"{edit.kind} {edit.history.session}: skipped (the render is not appendable)")
             continue
-        record["seconds"] = time.perf_counter() - t0
         out.append(record)
         q = record.get("question")
         log(f"{len(out)}/{len(edits)} {edit.kind} {edit.history.session} depth {record['depth']:.2f} "

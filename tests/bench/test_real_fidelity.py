@@ -170,3 +170,21 @@ def test_quick_run_reports_every_mode_and_forget_is_exact(tmp_path):
     assert s["modes"]["amortize"]["next_jsd_max"] > s["checks"]["forget_vs_exact_max_jsd"]
     assert s["removed"]["questions"] >= 1 and payload["models"]["tiny-qwen2"]["fp32_floor"]["edits"] == 2
     assert s["removed"]["arms"]["exact"]["logprob_gain_median"] == 0
+
+
+def test_a_journal_resumes_a_cut_run_without_playing_its_edits_again(tmp_path):
+    """A run cut after two edits, resumed from its journal, reports what one uninterrupted run reports."""
+    common = ["drift-real", "--quick", "--threads", "1", "--sessions", "30", "--max-tokens", "3000", "--fp32-floor", "0"]
+    journal = tmp_path / "edits.jsonl"
+    assert main([*common, "--edits", "2", "--out", str(tmp_path / "cut"), "--journal", str(journal)]) == 0
+    cut = json.loads((tmp_path / "cut" / "drift_real.json").read_text())["models"]["tiny-qwen2"]
+    lines = journal.read_text().splitlines()
+    assert len(lines) == 2
+    assert main([*common, "--out", str(tmp_path / "resumed"), "--journal", str(journal)]) == 0
+    assert main([*common, "--out", str(tmp_path / "whole")]) == 0
+    resumed, whole = (json.loads((tmp_path / d / "drift_real.json").read_text())["models"]["tiny-qwen2"]
+                      for d in ("resumed", "whole"))
+    assert journal.read_text().splitlines()[:2] == lines and len(journal.read_text().splitlines()) == 4
+    assert resumed["summary"]["edits"] == whole["summary"]["edits"] == 4 and cut["summary"]["edits"] == 2
+    strip = lambda s: {m: {k: v for k, v in r.items() if "seconds" not in k} for m, r in s["modes"].items()}
+    assert strip(resumed["summary"]) == strip(whole["summary"])

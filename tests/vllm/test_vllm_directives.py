@@ -215,7 +215,7 @@ def test_fault_after_partial_write_falls_back_to_honest_prefill(client, base_url
     client.delete_session(s)
 
 
-def test_bundled_runtime_and_vllm_agree_on_first_token(client, checkpoint):
+def test_bundled_runtime_and_vllm_agree_on_first_token(client, checkpoint, tol):
     """Same weights, same directive: the bundled runtime vs vLLM, first-token top-5 (JSD reported)."""
     from leyline_runtime.runtime import Runtime, RuntimeConfig
     from leyline_sdk.protocol import DirectiveBatch, GenerateRequest, SessionCreate
@@ -240,8 +240,19 @@ def test_bundled_runtime_and_vllm_agree_on_first_token(client, checkpoint):
     jsd = top_k_jsd(b_top, v_top)
     print(f"\nbundled vs vLLM first-token top-5 JSD after amortize: {jsd:.2e} "
           f"(bundled {sorted(b_top, key=b_top.get, reverse=True)}, vLLM {sorted(v_top, key=v_top.get, reverse=True)})")
-    assert set(b_top) == set(v_top)
+    assert max(b_top, key=b_top.get) == max(v_top, key=v_top.get)
+    assert_same_top_k_up_to_ties(b_top, v_top, tol["logprob"])
     assert jsd < 1e-3
+
+
+def assert_same_top_k_up_to_ties(p_top: dict[str, float], q_top: dict[str, float], tol: float) -> None:
+    """The top-k sets agree except at the cut: a token in one side's top-k only may be missing from the
+    other's when it ties that side's k-th logprob within tol (random weights give near-equal tails; a CI
+    run saw ' IPv' vs ' _' swap 5th place at JSD 3.9e-5)."""
+    for mine, other in ((p_top, q_top), (q_top, p_top)):
+        cut = min(other.values())
+        for token in set(mine) - set(other):
+            assert mine[token] <= cut + tol, (token, mine[token], cut)
 
 
 def top_k_jsd(p_top: dict[str, float], q_top: dict[str, float]) -> float:
