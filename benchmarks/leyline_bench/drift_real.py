@@ -98,11 +98,10 @@ def run(args, log=print) -> dict:
         model, tok = load(spec, getattr(torch, args.dtype))
         render = Renderer(tok)
         edits = select_edits(render, sessions, kinds, args.edits, args.max_tokens, args.turn_tokens)
-        t0 = time.perf_counter()
         journal = Journal(args.journal, label) if args.journal else None
         records = play(model, render, edits, cfg, mode_names(windows), args, journal=journal,
                        log=lambda s, at=label: log(f"{at} {s}"))
-        seconds = time.perf_counter() - t0
+        seconds = sum(r["seconds"] for r in records)  # a resumed run's too: the journal keeps each edit's time
         floor = []
         if args.fp32_floor:
             del model
@@ -150,9 +149,9 @@ def play(model, render: Renderer, edits, cfg, modes: list[str], args, ask: bool 
     """Every edit under every mode; the unedited history's rows are prefilled once per history."""
     slot, cached, out = rope_slot(model), (None, None), []
     for index, edit in enumerate(edits):
-        if journal and journal.key(index, edit) in journal.done:
-            if (record := journal.done[journal.key(index, edit)]) is not None:
-                out.append(record)
+        if journal and (done := journal.key(index, edit)) in journal.done:
+            if journal.done[done] is not None:
+                out.append(journal.done[done])
             continue
         t0 = time.perf_counter()
         key = (edit.history.session, edit.history.first_round)

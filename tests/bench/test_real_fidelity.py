@@ -188,3 +188,6 @@ def test_a_journal_resumes_a_cut_run_without_playing_its_edits_again(tmp_path):
     assert resumed["summary"]["edits"] == whole["summary"]["edits"] == 4 and cut["summary"]["edits"] == 2
     strip = lambda s: {m: {k: v for k, v in r.items() if "seconds" not in k} for m, r in s["modes"].items()}
     assert strip(resumed["summary"]) == strip(whole["summary"])
+    # the resumed run's time covers every edit, the two it read from the journal too
+    journaled = [json.loads(line)["record"]["seconds"] for line in journal.read_text().splitlines()]
+    assert resumed["seconds"] == pytest.approx(sum(journaled))
