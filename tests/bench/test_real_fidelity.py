@@ -11,12 +11,12 @@ import pytest
 import torch
 
 from leyline_bench.cli import main
-from leyline_bench.drift_bench import load_model
-from leyline_bench.drift_oracle import diff, moved, prefill, rope_slot, take
-from leyline_bench.drift_real import load
-from leyline_bench.real_edits import PLACEHOLDER, SUMMARY_CHARS, Renderer, candidates, histories, template_message
-from leyline_bench.real_modes import EXACT, agreeing_prefix, answer_logprob, continue_all, edited_rows
-from leyline_bench.removed_content import answers, question_for
+from leyline_bench.fidelity.drift import load_model
+from leyline_bench.fidelity.drift_oracle import diff, moved, prefill, rope_slot, take
+from leyline_bench.fidelity.drift_real import load
+from leyline_bench.fidelity.real_edits import PLACEHOLDER, SUMMARY_CHARS, Renderer, candidates, histories, template_message
+from leyline_bench.fidelity.real_modes import EXACT, agreeing_prefix, answer_logprob, continue_all, edited_rows
+from leyline_bench.fidelity.removed_content import answers, question_for
 from leyline_bench.sessions.load import load_sessions
 from leyline_runtime.auto_rule import AutoConfig
 

@@ -8,8 +8,10 @@ import sys
 
 import pytest
 
-from leyline_bench import cli, vllm, vllm_server
-from leyline_bench.vllm_cells import (
+from leyline_bench import cli
+from leyline_bench.common import vllm_server
+from leyline_bench.vllm import vllm
+from leyline_bench.vllm.cells import (
     CELLS,
     parse_cells,
     session_tails,
@@ -17,8 +19,8 @@ from leyline_bench.vllm_cells import (
     spread,
     tax_schedule,
 )
-from leyline_bench.vllm_model import FAMILIES, SHAPES, parameter_count, runtime_tokenizer_file, shape_config
-from leyline_bench.vllm_server import CONNECTOR_CONFIG, VllmServer
+from leyline_bench.vllm.tiny_models import FAMILIES, SHAPES, parameter_count, runtime_tokenizer_file, shape_config
+from leyline_bench.common.vllm_server import CONNECTOR_CONFIG, VllmServer
 from leyline_runtime.text.tokenizer import ChatTokenizer
 
 

@@ -16,7 +16,7 @@ import uuid
 import numpy as np
 import pytest
 
-from leyline_bench.vllm_checks import (
+from leyline_bench.vllm.checks import (
     EDITED_INDEX,
     OTHER_TOL,
     REPLACEMENT,
@@ -32,8 +32,8 @@ from leyline_bench.vllm_checks import (
     splice_info,
     split_rope,
 )
-from leyline_bench.vllm_model import make_tiny_checkpoint
-from leyline_bench.vllm_server import VllmServer
+from leyline_bench.vllm.tiny_models import make_tiny_checkpoint
+from leyline_bench.common.vllm_server import VllmServer
 from leyline_sdk import LeylineClient
 
 from test_vllm_directives import assert_same_generation

@@ -16,12 +16,12 @@ import httpx
 import numpy as np
 import pytest
 
-from leyline_bench.vllm_server import SERVED_MODEL_NAME, VllmServer, has_amx, vllm_on_cpu
+from leyline_bench.common.vllm_server import SERVED_MODEL_NAME, VllmServer, has_amx, vllm_on_cpu
 from leyline_sdk import LeylineClient
 from leyline_sdk.protocol import Directive, Message, Span
 
 from conftest import SPILL_SESSIONS
-from leyline_bench.vllm_checks import REPLACEMENT, edited, history, rows
+from leyline_bench.vllm.checks import REPLACEMENT, edited, history, rows
 from test_vllm_directives import sid
 
 POOL_TOKENS = 2048  # the small pool: 4 sessions' holds fill most of it
