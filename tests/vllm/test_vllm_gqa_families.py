@@ -90,7 +90,7 @@ def family(request, tmp_path_factory):
         env["LEYLINE_VLLM_TEST_PROBE_FAULT"] = "1"
     # 32-token blocks (the CPU backend takes multiples of 32): the short test histories span several
     with VllmServer(checkpoint, tmp_path_factory.mktemp(f"serve-{name}"), env=env,
-                    extra=["--block-size", "32"]) as server:
+                    block_size=32) as server:
         print(f"\n{name}: vllm serve started in {server.startup_s:.0f} s ({server.dtype})")
         yield name, server
 

@@ -59,7 +59,7 @@ def cleared(history: list[Message]) -> tuple[int, list[Message]]:
 def serve(tmp_path_factory, name: str):
     folder = weights.hf_folder(name)
     return VllmServer(folder, tmp_path_factory.mktemp(f"serve-{name}"), env={"LEYLINE_VLLM_DEBUG_ROUTES": "1"},
-                      extra=["--block-size", "32"], dtype="bfloat16")
+                      block_size=32, dtype="bfloat16")
 
 
 @pytest.fixture(scope="module")

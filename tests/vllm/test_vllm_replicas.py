@@ -42,7 +42,7 @@ MAX_TOKENS = 12
 def replicas(tmp_path_factory):
     """Two replicas of the same tiny GQA checkpoint (Qwen3: spliced, vLLM's prefix cache on)."""
     checkpoint = make_tiny_checkpoint(tmp_path_factory.mktemp("tiny-qwen3"), "qwen3")
-    servers = [VllmServer(checkpoint, tmp_path_factory.mktemp(f"replica-{name}"), extra=["--block-size", "32"])
+    servers = [VllmServer(checkpoint, tmp_path_factory.mktemp(f"replica-{name}"), block_size=32)
                for name in "ab"]
     try:
         with ThreadPoolExecutor(2) as pool:  # both start at once: each takes minutes on a small CPU

@@ -47,7 +47,7 @@ def server(tmp_path_factory):
         env |= {"VLLM_CPU_OMP_THREADS_BIND": "|".join(str(i) for i in range(RANKS)),
                 "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
     with VllmServer(checkpoint, tmp_path_factory.mktemp("serve-tp"), env=env,
-                    extra=["-tp", str(RANKS), "--block-size", "32"]) as s:
+                    extra=["-tp", str(RANKS)], block_size=32) as s:
         yield s
 
 

@@ -126,7 +126,7 @@ class VllmArm:
         from ..common.vllm_server import VllmServer
 
         self.server = VllmServer(self.folder, self.workdir / f"server-{len(self.info['restarts'])}",
-                                 dtype=self.args.dtype, extra=["--block-size", str(self.args.block_size)])
+                                 dtype=self.args.dtype, block_size=self.args.block_size)
         self.server.start()
         health = httpx.get(self.url + "/healthz", timeout=30).json()
         self.info.setdefault("startup_s", self.server.startup_s)

@@ -52,8 +52,10 @@ def free_port() -> int:
 
 
 def serve_command(model: str | Path, port: int, *, dtype: str, max_model_len: int = 4096,
-                  python: str = sys.executable, extra: list[str] | None = None, plugin: bool = True) -> list[str]:
-    """``plugin=False``: the same server without Leyline (no connector, no worker extension)."""
+                  block_size: int | None = None, python: str = sys.executable, extra: list[str] | None = None,
+                  plugin: bool = True) -> list[str]:
+    """``plugin=False``: the same server without Leyline (no connector, no worker extension);
+    ``block_size`` None: vLLM's default (32 on an AMX CPU, below)."""
     cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
            "--host", "127.0.0.1", "--port", str(port), "--dtype", dtype,
            "--max-model-len", str(max_model_len), "--served-model-name", SERVED_MODEL_NAME,
@@ -64,10 +66,12 @@ def serve_command(model: str | Path, port: int, *, dtype: str, max_model_len: in
     if vllm_on_cpu():
         # vLLM's CPU rotary op rotates 3-D queries wrongly; eager mode skips a slow compile on small CPUs.
         cmd += ["-cc", json.dumps({"custom_ops": ["all", "-rotary_embedding"]}), "--enforce-eager"]
-        if has_amx():
+        if has_amx() and block_size is None:
             # AMX_MLA takes blocks of any multiple of 32 and defaults to 128 here: 32 lets the short
             # agent histories of the tests and benches span several blocks (prefix reuse + rotation)
             cmd += ["--block-size", "32"]
+    if block_size is not None:
+        cmd += ["--block-size", str(block_size)]
     return cmd + list(extra or [])
 
 
@@ -79,7 +83,7 @@ class VllmServer:
 
     def __init__(self, model: str | Path, workdir: str | Path, *, env: dict[str, str] | None = None,
                  extra: list[str] | None = None, startup_timeout: float = 900.0, plugin: bool = True,
-                 dtype: str | None = None):
+                 dtype: str | None = None, max_model_len: int = 4096, block_size: int | None = None):
         self.model = Path(model)
         self.workdir = Path(workdir)
         self.port = free_port()
@@ -87,7 +91,8 @@ class VllmServer:
         # vLLM's CPU attention keeps fp32 caches fast without AMX; ``dtype`` forces one (a bf16 check anywhere)
         self.dtype = dtype or ("bfloat16" if vllm_on_cpu() and has_amx() else "float32")
         self.plugin = plugin
-        self.cmd = serve_command(model, self.port, dtype=self.dtype, extra=extra, plugin=plugin)
+        self.cmd = serve_command(model, self.port, dtype=self.dtype, max_model_len=max_model_len,
+                                 block_size=block_size, extra=extra, plugin=plugin)
         self.env = {**os.environ, "VLLM_PLUGINS": "leyline" if plugin else "",
                     "VLLM_CACHE_ROOT": str(self.workdir / "vllm-cache"),
                     "TORCHINDUCTOR_CACHE_DIR": str(self.workdir / "inductor-cache"),

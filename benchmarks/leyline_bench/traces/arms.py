@@ -66,8 +66,8 @@ class VllmArm:
                  kv_gib: int, max_model_len: int, block_size: int = 32, memory_gib: float = 2.0):
         self.name, self.mode, self.renderer = name, mode, renderer
         self.memory_gib = memory_gib  # what the server takes: fp32 weights, its KV cache, the rest
-        extra = ["--max-model-len", str(max_model_len), "--block-size", str(block_size)]
-        self.server = VllmServer(checkpoint, workdir, plugin=mode is not None, extra=extra,
+        self.server = VllmServer(checkpoint, workdir, plugin=mode is not None, max_model_len=max_model_len,
+                                 block_size=block_size,
                                  env={"VLLM_CPU_KVCACHE_SPACE": str(kv_gib),
                                       # a long prefill on a CPU shared with other jobs can pass vLLM's 300 s
                                       "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "3600"})

@@ -118,8 +118,7 @@ def _served_cells(args, checkpoint: Path, workdir: Path, cells: list[str]) -> di
     renderer = ChatRenderer(AutoTokenizer.from_pretrained(checkpoint))  # the prompts the plugin builds
     out: dict = {}
     kv_space = {"VLLM_CPU_KVCACHE_SPACE": str(SHAPES[args.shape].kv_cache_gib)}
-    extra = ["--block-size", str(args.block_size)] if args.block_size else None
-    with VllmServer(checkpoint, workdir / "serve", env=kv_space, extra=extra) as server, \
+    with VllmServer(checkpoint, workdir / "serve", env=kv_space, block_size=args.block_size) as server, \
             LeylineClient(server.base_url, timeout=900) as client:
         out["engine"] = {"vllm_on_cpu": vllm_on_cpu(), "amx": has_amx(), "dtype": server.dtype,
                          "vllm_prefix_cache": not prefix_cache_disabled(server.log_text()),
