@@ -9,12 +9,12 @@ Five steps, then one summary line (``gpu-check: PASS ...`` or ``gpu-check: FAIL 
 2. ``plugin``: ``pytest tests/integrations/test_vllm_layout.py``: the vLLM plugin's layout probe and
    row moves on CUDA tensors laid out as vLLM 0.32 lays out its caches (one shared buffer, per-layer
    strided views, several KV heads; MLA rows), and the probe's extra GPU memory on a 4 GiB pool;
-3. ``bandwidth``: the Triton kernel against a plain indexed copy (``gpu_bandwidth``) at
+3. ``bandwidth``: the Triton kernel against a plain indexed copy (:mod:`.bandwidth`) at
    DeepSeek-V2-Lite / V3 rows and a GQA head row, 4k and 32k tokens;
 4. ``runtime``: the bundled runtime's forward and every directive mode (amortize, forget, auto with
-   its repair) on CUDA against the CPU, in fp32 and bf16 (``gpu_runtime``);
+   its repair) on CUDA against the CPU, in fp32 and bf16 (:mod:`.runtime`);
 5. ``served``: one session over HTTP, the runtime's app in this process, on CUDA against the CPU
-   (``gpu_served``).
+   (:mod:`.served`).
 
 A step whose modules the image lacks is skipped with the module named.
 

@@ -1,4 +1,4 @@
-"""A random Qwen3 checkpoint of ``vllm_model`` as a GGUF file that ``llama-server`` loads.
+"""A random Qwen3 checkpoint of :mod:`..vllm.tiny_models` as a GGUF file that ``llama-server`` loads.
 
 The random checkpoints carry the bundled runtime's byte-level BPE tokenizer, which llama.cpp's
 ``convert_hf_to_gguf.py`` refuses (it recognises pre-tokenizers by the hash of their output on a

@@ -5,8 +5,8 @@
   rows) — the same weights, llama.cpp's quantized, vLLM's dequantized (fp32 compute on a CPU without AMX).
 * ``qwen3-1.7b-shape``: a random checkpoint of Qwen3-1.7B's layers (``vllm_model.SHAPES``, 12 of
   28 layers, the bundled runtime's tokenizer); llama.cpp gets the same weights as an F32 GGUF
-  written by ``trace_gguf`` (llama.cpp's own converter refuses this tokenizer).
-* ``tiny-qwen3``: the tiny random Qwen3 of ``vllm_model`` (``--quick``: nothing is downloaded),
+  written by :mod:`.gguf` (llama.cpp's own converter refuses this tokenizer).
+* ``tiny-qwen3``: the tiny random Qwen3 of :mod:`..vllm.tiny_models` (``--quick``: nothing is downloaded),
   its F32 GGUF for llama.cpp.
 * ``runtime``: the bundled runtime's default MLA model and tokenizer (``trace_arms.RuntimeArm``).
 

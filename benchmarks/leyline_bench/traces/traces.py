@@ -1,14 +1,14 @@
 """``leyline-bench traces``: real agent sessions replayed through the policies frameworks apply.
 
 Each held-out mini-swe-agent session (``sessions.load``) is replayed call by call
-(``trace_turns``): at every model call the history the policy makes of the session's raw history
-(``trace_policies``) is sent with ``max_tokens=1``, then the session's real assistant message and
+(:mod:`.turns`): at every model call the history the policy makes of the session's raw history
+(:mod:`.policies`) is sent with ``max_tokens=1``, then the session's real assistant message and
 the next observation follow. Every (model, policy, arm) runs on a server of its own, started for
-it and stopped after it (``trace_arms``): no arm, and no other policy, warms its cache. Sessions
+it and stopped after it (:mod:`.arms`): no arm, and no other policy, warms its cache. Sessions
 run one after the other on that server. Measured per turn: the prompt tokens the engine computed,
-the time to first token, the engine's prefill seconds; beside them the *floor* (``trace_floor``).
+the time to first token, the engine's prefill seconds; beside them the *floor* (:mod:`.floor`).
 The Claude Code cache-break summary is turned into what each arm's rule would recompute per break
-(``trace_breaks``: arithmetic on a summary, not a replay). Report: ``trace_report``.
+(:mod:`.breaks`: arithmetic on a summary, not a replay). Report: :mod:`.report`.
 
     .venv-vllm/bin/python -m leyline_bench.cli traces --out docs/perf/traces \
         --models qwen2.5-coder-0.5b,runtime --sessions 4 --cap 8192

@@ -4,7 +4,7 @@ The shipped mini-swe-agent sessions are ``system, user, (assistant, tool | user)
 assistant message is the model's answer to the history before it. Model call ``k`` therefore
 sent ``messages[:i_k]``, where ``i_k`` is the index of the session's ``k``-th assistant message
 (the *raw* history: mini-swe-agent edits nothing). A replay sends, at each call, the history the
-policy makes of that raw history (``trace_policies``), then continues with the session's real
+policy makes of that raw history (:mod:`.policies`), then continues with the session's real
 assistant message and the next observation: the raw history of the next call.
 
 The replay is capped to a context budget: calls are kept from the first while the raw history
