@@ -3,7 +3,7 @@
 * ``qwen2.5-coder-0.5b``: the real Qwen2.5-Coder-0.5B-Instruct (``leyline_bench.weights``): vLLM
   serves the bf16 folder converted from the GGUF, llama.cpp the GGUF itself (Q4_K_M, mostly Q5_0
   rows) — the same weights, llama.cpp's quantized, vLLM's dequantized (fp32 compute on a CPU without AMX).
-* ``qwen3-1.7b-shape``: a random checkpoint of Qwen3-1.7B's layers (``vllm_model.SHAPES``, 12 of
+* ``qwen3-1.7b-shape``: a random checkpoint of Qwen3-1.7B's layers (``vllm.tiny_models.SHAPES``, 12 of
   28 layers, the bundled runtime's tokenizer); llama.cpp gets the same weights as an F32 GGUF
   written by :mod:`.gguf` (llama.cpp's own converter refuses this tokenizer).
 * ``tiny-qwen3``: the tiny random Qwen3 of :mod:`..vllm.tiny_models` (``--quick``: nothing is downloaded),

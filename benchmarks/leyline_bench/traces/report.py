@@ -134,7 +134,7 @@ def _what_ran(result: dict) -> str:
             f"Every (model, policy, arm) on its own fresh server, sessions one after the other, one request of "
             f"`max_tokens=1` per call (its latency is the TTFT). *computed*: prompt tokens the engine computed; "
             f"*floor*: per call, the tokens of its history not present, in order, in the previous call's history "
-            f"(length minus the longest common subsequence of the two token-id lists, `trace_floor`); for a "
+            f"(length minus the longest common subsequence of the two token-id lists, `traces/floor.py`); for a "
             f"session's first call, its tokens beyond the common prefix with the previous session's last call "
             f"(the shared system prompt), in the model's own tokens. 1-minute load average during the runs: "
             f"{fmt(min(loads)) if loads else '–'} to "

@@ -1,6 +1,6 @@
 """``leyline-bench portability``: how Leyline's vLLM plugin handles each RoPE family, one matrix.
 
-For every family of ``vllm_model.FAMILIES`` (``--families``, default all) a tiny random checkpoint is
+For every family of ``tiny_models.FAMILIES`` (``--families``, default all) a tiny random checkpoint is
 served by its own ``vllm serve`` with Leyline's plugins (``--block-size 32``, the debug rows route on),
 and measured the way ``tests/vllm/test_vllm_gqa_families.py`` checks it (``vllm_checks.py``):
 

@@ -1,7 +1,7 @@
 """``leyline-bench vllm``: Leyline's directives inside a real ``vllm serve``.
 
 Starts ``vllm serve`` with Leyline's plugins (``vllm_server.py``) on a random
-checkpoint of one family at one shape (``vllm_model.py``: ``--family``,
+checkpoint of one family at one shape (``tiny_models.py``: ``--family``,
 default the MLA ``deepseek_v2``; ``--shape tiny`` or a real size such as
 ``v2-lite-attn``) and measures, side by side in one run (``--cells``):
 
