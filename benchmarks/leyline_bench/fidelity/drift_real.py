@@ -12,12 +12,14 @@ Models: ``label=weights:NAME`` (a checkpoint of :mod:`..weights`, e.g.
 tokenizer and chat template) or ``label=random-qwen2`` (a tiny seeded random Qwen2 with the default
 model's tokenizer and a ChatML-like template: for smoke tests, nothing downloaded). ``--fp32-floor N``
 plays the first N edits again in float32 with ``forget`` only: forget's distance from the reference
-there is float32's noise floor, beside the run dtype's.
+there is float32's noise floor, beside the run dtype's. ``--llama-cpp N`` runs the first N edits on
+llama.cpp's cache reuse serving the checkpoint's GGUF (:mod:`.llama_peer`), the peer a user would pick;
+``--journal FILE`` writes every finished edit down (:mod:`.journal`), so a run cut short resumes.
 """
 
 from __future__ import annotations
 
-import json
+import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -25,7 +27,10 @@ from pathlib import Path
 import torch
 
 from leyline_runtime.auto_rule import AutoConfig
+from ..common.llama_server import LlamaServer, absent_reason
 from .drift_oracle import rope_slot
+from .journal import Journal, each_edit
+from .llama_peer import peer_record, summarise as peer_summary
 from ..common.output import write_results
 from .real_case import history_rows, run_edit
 from .real_edits import KINDS, Renderer, select_edits
@@ -57,6 +62,10 @@ def add_parser(sub) -> None:
     p.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16"), help="the run's dtype")
     p.add_argument("--fp32-floor", type=int, default=0, help="edits played again in float32, forget only")
     p.add_argument("--drift-budget", type=float, default=None, help="auto's drift budget (default: the runtime's)")
+    p.add_argument("--llama-cpp", type=int, default=0, metavar="N",
+                   help="the first N edits also on llama.cpp's llama-server --cache-reuse serving the checkpoint's "
+                        "GGUF (weights:NAME models; make llama-server builds it): tokens recomputed, greedy "
+                        "agreement with its own exact prefill (default 0: not run)")
     p.add_argument("--journal", default=None,
                    help="JSON-lines file of finished edits: read on start (those edits are not played again) and "
                         "appended after each edit, so a run cut short resumes where it stopped")
@@ -98,11 +107,10 @@ def run(args, log=print) -> dict:
         model, tok = load(spec, getattr(torch, args.dtype))
         render = Renderer(tok)
         edits = select_edits(render, sessions, kinds, args.edits, args.max_tokens, args.turn_tokens)
-        t0 = time.perf_counter()
         journal = Journal(args.journal, label) if args.journal else None
         records = play(model, render, edits, cfg, mode_names(windows), args, journal=journal,
                        log=lambda s, at=label: log(f"{at} {s}"))
-        seconds = time.perf_counter() - t0
+        seconds = sum(r["seconds"] for r in records)  # also over a resumed run's journal
         floor = []
         if args.fp32_floor:
             del model
@@ -114,8 +122,16 @@ def run(args, log=print) -> dict:
                          "fp32_floor": summarise(floor, ["forget"], cfg) if floor else None,
                          "records": records, "floor_records": floor}
         del model
-    samples = {label: {"records": m.pop("records"), "fp32_floor": m.pop("floor_records")}
-               for label, m in models.items()}
+        peer = None
+        if args.llama_cpp:
+            peer_journal = Journal(args.journal, f"{label}/llama_cpp") if args.journal else None
+            peer = play_peer(spec, render, edits[:args.llama_cpp], args, peer_journal,
+                             log=lambda s, at=label: log(f"{at} {s}"))
+            models[label]["llama_cpp"] = ({"skipped": peer} if isinstance(peer, str)
+                                          else peer_summary(peer, records, args.greedy_tokens))
+        models[label]["peer_records"] = peer if isinstance(peer, list) else None
+    samples = {label: {"records": m.pop("records"), "fp32_floor": m.pop("floor_records"),
+                       "llama_cpp": m.pop("peer_records")} for label, m in models.items()}
     settings = {k: v for k, v in vars(args).items() if k not in ("run", "quick_overrides")} | {"auto": cfg.__dict__}
     result = {"benchmark": args.name, "settings": settings, "models": models}
     payload = write_results(args.out, args.name, result, "leyline-bench drift-real", markdown(models, args),
@@ -124,57 +140,44 @@ def run(args, log=print) -> dict:
     return payload
 
 
-class Journal:
-    """Finished edits of one model, one JSON line each, keyed by the edit's place in the selection and its
-    session and kind (a journal written under other settings does not match and is not reused)."""
-
-    def __init__(self, path: str, label: str):
-        self.path, self.label, self.done = Path(path), label, {}
-        if self.path.exists():
-            for line in self.path.read_text().splitlines():
-                entry = json.loads(line)
-                if entry["model"] == label:
-                    self.done[(entry["index"], entry["session"], entry["kind"])] = entry["record"]
-
-    def key(self, index: int, edit) -> tuple:
-        return index, edit.history.session, edit.kind
-
-    def add(self, index: int, edit, record: dict | None) -> None:
-        with self.path.open("a") as f:
-            f.write(json.dumps({"model": self.label, "index": index, "session": edit.history.session,
-                                "kind": edit.kind, "record": record}) + "\n")
-
-
 def play(model, render: Renderer, edits, cfg, modes: list[str], args, ask: bool = True, journal: Journal | None = None,
          log=print) -> list[dict]:
     """Every edit under every mode; the unedited history's rows are prefilled once per history."""
-    slot, cached, out = rope_slot(model), (None, None), []
-    for index, edit in enumerate(edits):
-        if journal and journal.key(index, edit) in journal.done:
-            if (record := journal.done[journal.key(index, edit)]) is not None:
-                out.append(record)
-            continue
-        t0 = time.perf_counter()
+    slot, cached = rope_slot(model), {}
+
+    def measure(edit):
         key = (edit.history.session, edit.history.first_round)
-        if cached[0] != key:
-            cached = (key, history_rows(model, edit.history.tokens))
-        record = run_edit(model, render, edit, cached[1], slot, cfg, modes, args.greedy_tokens, args.answer_tokens,
-                          ask=ask)
-        if record is not None:
-            record["seconds"] = time.perf_counter() - t0
-        if journal:
-            journal.add(index, edit, record)
-        if record is None:
-            log(f"{edit.kind} {edit.history.session}: skipped (the render is not appendable)")
-            continue
-        out.append(record)
+        if key not in cached:
+            cached.clear()
+            cached[key] = history_rows(model, edit.history.tokens)
+        return run_edit(model, render, edit, cached[key], slot, cfg, modes, args.greedy_tokens, args.answer_tokens,
+                        ask=ask)
+
+    def describe(n, edit, record):
         q = record.get("question")
-        log(f"{len(out)}/{len(edits)} {edit.kind} {edit.history.session} depth {record['depth']:.2f} "
-            f"tail {record['tail']} ({record['seconds']:.0f} s): " + ", ".join(
+        return (f"depth {record['depth']:.2f} tail {record['tail']} ({record['seconds']:.0f} s): " + ", ".join(
                 f"{m} top-1 {mean(r['next_top1']):.3f} greedy {r['greedy_same']}/{r['greedy_compared']}"
                 for m, r in record["modes"].items() if m != "exact")
-            + (f"; question {q['kind']} answered by {','.join(m for m, a in q['answered'].items() if a)}" if q else ""))
-    return out
+                + (f"; question {q['kind']} answered by {','.join(m for m, a in q['answered'].items() if a)}"
+                   if q else ""))
+    return each_edit(edits, measure, journal, describe, log)
+
+
+def play_peer(spec: str, render: Renderer, edits, args, journal: Journal | None, log=print) -> list[dict] | str:
+    """The edits on llama.cpp serving the checkpoint's GGUF (:mod:`.llama_peer`); a string: why it did not run."""
+    if not spec.startswith("weights:"):
+        return "llama.cpp needs a GGUF: only weights:NAME checkpoints have one"
+    if reason := absent_reason():
+        return reason
+    from .. import weights
+
+    gguf = weights.gguf_path(spec.split(":", 1)[1])
+    ctx = args.max_tokens + args.turn_tokens + args.greedy_tokens + 256
+    with tempfile.TemporaryDirectory() as workdir, LlamaServer(gguf, Path(workdir), ctx=ctx) as server:
+        return each_edit(edits, lambda edit: peer_record(server, render, edit, args.greedy_tokens), journal,
+                         lambda n, edit, r: (f"llama.cpp recomputed {r['recomputed']} of forget's "
+                                             f"{r['forget_tokens']}, greedy {r['greedy_same']}/{r['greedy_compared']}"
+                                             f" ({r['seconds']:.0f} s)"), log)
 
 
 def _shape(model) -> dict:

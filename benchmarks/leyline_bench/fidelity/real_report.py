@@ -8,6 +8,7 @@ from collections import Counter
 from ..common import plots
 from ..common.output import fmt, md_table
 from ..common.stats import mean, percentile
+from . import llama_peer
 
 TAIL_BINS = ((0, 500), (500, 1000), (1000, 10 ** 9))
 
@@ -167,7 +168,7 @@ def model_markdown(label: str, m: dict) -> str:
                  "edit; F: the unedited history. *log-prob gain*: the log-probability the arm's rows give the "
                  "removed value (teacher-forced after the question) minus the exact arm's; *informative*: questions "
                  f"where F's gain is at least {INFORMATIVE_NATS:g} nat.\n\n" + _removed_table(r) + "\n\n")
-    return text
+    return text + llama_peer.markdown(m.get("llama_cpp"))
 
 
 def markdown(models: dict, args) -> str:

@@ -22,8 +22,6 @@ from ``/metrics``, summed over the turn's engine requests).
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,12 +29,11 @@ from pathlib import Path
 import httpx
 
 from .turns import wire
-from ..common.vllm_server import SERVED_MODEL_NAME, VllmServer, free_port
+from ..common.llama_server import LlamaServer
+from ..common.vllm_server import SERVED_MODEL_NAME, VllmServer
 
 ARMS = ("vllm_plain", "leyline_amortize", "leyline_auto", "llama_cpp", "runtime")
 PREFILL_METRIC = "vllm:request_prefill_time_seconds_sum"
-LLAMA_SERVER = Path(__file__).resolve().parents[3] / ".llama.cpp" / "bin" / "llama-server"
-LLAMA_CACHE_REUSE = 256
 
 
 @dataclass
@@ -139,49 +136,25 @@ def _outcomes(report: dict) -> list[dict]:
 
 
 class LlamaCppArm:
-    """``llama-server`` on one slot, its host-RAM prompt cache off: what the slot's KV holds is all it reuses."""
+    """``llama-server`` on one slot (:mod:`..common.llama_server`): what the slot's KV holds is all it reuses."""
 
     name = "llama_cpp"
 
     def __init__(self, gguf: Path, workdir: Path, renderer, *, ctx: int, threads: int = 2):
-        self.renderer, self.gguf, self.workdir = renderer, Path(gguf), Path(workdir)
-        self.memory_gib = self.gguf.stat().st_size / 2**30 + 1.0
-        self.port = free_port()
-        self.cmd = [str(LLAMA_SERVER), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(self.port),
-                    "-c", str(ctx), "-np", "1", "--cache-reuse", str(LLAMA_CACHE_REUSE), "--cache-ram", "0",
-                    "-t", str(threads), "-tb", str(threads)]
-        self.proc: subprocess.Popen | None = None
-        self.startup_s: float | None = None
+        self.renderer = renderer
+        self.memory_gib = Path(gguf).stat().st_size / 2**30 + 1.0
+        self.server = LlamaServer(gguf, workdir, ctx=ctx, threads=threads)
 
     def start(self) -> None:
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        log = open(self.workdir / "llama-server.log", "wb")
-        started = time.perf_counter()
-        self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        self.http = httpx.Client(base_url=f"http://127.0.0.1:{self.port}", timeout=3600)
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"llama-server exited: {(self.workdir / 'llama-server.log').read_text()[-3000:]}")
-            try:
-                if self.http.get("/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.perf_counter() - started > 600:
-                self.stop()
-                raise TimeoutError("llama-server did not become healthy in 600 s")
-            time.sleep(0.5)
-        self.startup_s = time.perf_counter() - started
+        self.server.start()
         # text, not the chat template: a warm-up sharing the template's first tokens would serve the first call
-        post(self.http, "/completion", {"prompt": "warm-up: list the files.", "n_predict": 1, "cache_prompt": True})
+        self.server.complete("warm-up: list the files.", n_predict=1)
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, 15)
-            self.proc.wait(timeout=60)
+        self.server.stop()
 
     def describe(self) -> dict:
-        return {"startup_s": self.startup_s, "cmd": self.cmd}
+        return {"startup_s": self.server.startup_s, "cmd": self.server.cmd}
 
     def new_session(self, key: str) -> None:
         pass  # one slot: a session simply follows the previous one (its common prefix is reused, as in use)
@@ -195,7 +168,7 @@ class LlamaCppArm:
         messages = [m if isinstance(m, Message) else Message.model_validate(m) for m in history]
         ids = self.renderer.ids(messages, generation_prompt=True)
         started = time.perf_counter()
-        reply = post(self.http, "/completion", {"prompt": ids, "n_predict": 1, "temperature": 0, "cache_prompt": True})
+        reply = self.server.complete(ids, n_predict=1)
         latency = time.perf_counter() - started
         t = reply["timings"]
         return TurnResult(t["prompt_n"], t["prompt_n"] + t["cache_n"], latency, prefill_s=t["prompt_ms"] / 1000)

@@ -23,7 +23,8 @@ from pathlib import Path
 
 from leyline_sdk.protocol import Message
 
-from .arms import ARMS, LLAMA_SERVER, LlamaCppArm, RuntimeArm, VllmArm, runtime_long_context_model
+from .arms import ARMS, LlamaCppArm, RuntimeArm, VllmArm, runtime_long_context_model
+from ..common.llama_server import absent_reason
 
 REAL_QWEN = "qwen2.5-coder-0.5b-instruct"
 MODELS = ("qwen2.5-coder-0.5b", "qwen3-1.7b-shape", "tiny-qwen3", "runtime")
@@ -82,9 +83,8 @@ def _split_arms(wanted: list[str], served: tuple[str, ...], reasons: dict[str, s
 
 
 def _llama_reason() -> dict[str, str]:
-    if LLAMA_SERVER.is_file():
-        return {}
-    return {"llama_cpp": f"{LLAMA_SERVER} is absent (make llama-server builds it)"}
+    reason = absent_reason()
+    return {"llama_cpp": reason} if reason else {}
 
 
 def _real_qwen(workdir: Path, cap: int, wanted: list[str]) -> Model:
