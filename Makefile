@@ -69,7 +69,7 @@ typecheck: $(DEV_STAMP)
 	$(BIN)/python -m mypy -p leyline_sdk -p leyline_langchain
 
 docs: $(DEV_STAMP)
-	$(BIN)/python -m leyline_bench.docs --write
+	$(BIN)/python -m leyline_bench.serve.docs --write
 
 dist: $(DEV_STAMP)
 	$(BIN)/python sdk/build.py --out dist
@@ -109,7 +109,7 @@ llama-server:
 
 # For a GPU machine that reaches no registry: its image's missing packages, pinned to what .venv runs.
 gpu-wheels: $(RUNTIME_STAMP)
-	$(BIN)/python -m leyline_bench.gpu_wheels
+	$(BIN)/python -m leyline_bench.gpu.wheels
 
 # No venv: a GPU machine's image brings torch and triton; .gpu-wheels (if there) brings the rest.
 gpu-check:

@@ -21,4 +21,4 @@ if ! $PY -c "import pydantic, llguidance, fastapi, uvicorn, orjson" 2>/dev/null 
 fi
 export PYTHONPATH="$ROOT:$ROOT/kernels:$ROOT/integrations:$ROOT/benchmarks:$ROOT/training${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
-exec $PY -m leyline_bench.gpu_check "$@"
+exec $PY -m leyline_bench.gpu.check "$@"

@@ -13,26 +13,26 @@ import sys
 
 from leyline_runtime.extras import MissingExtra, require
 
-# name -> (module in this package, one-line help). Only the module of the command being run is imported:
+# name -> (module in this package: family.module, one-line help). Only the module of the command being run is imported:
 # the benchmark modules import torch and the runtime at module level, and --help should not wait for them.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "edit": ("edit", "latency of one edit: amortize / forget / full re-prefill / transformers peer"),
-    "kernel": ("kernel", "rotate_and_splice GB/s against a plain torch copy of the same rows"),
-    "gemm": ("gemm", "the model's fp32 matrix products on BLAS (MKL) against oneDNN, by row count"),
-    "fidelity": ("fidelity", "how close each edit mode's output stays to a full re-prefill, over a workload JSONL"),
-    "grammar": ("grammar", "per-token cost of constrained decoding (llguidance masks)"),
-    "prefill": ("prefill", "prefill tokens/s: Leyline's engine against transformers, same weights"),
-    "replay": ("replay", "replay agent traces: no cache / prefix cache / Leyline amortize / forget"),
-    "serve": ("serve", "HTTP load: concurrent edit + generate sessions"),
-    "chaos": ("chaos", "mixed valid and invalid load from many clients on a served runtime"),
-    "agent": ("agent", "LangGraph agents end to end: solve rate, tokens computed and wall time, with and without edits"),
-    "drift": ("drift_bench", "amortize / forget / auto drift on GQA and MLA models, transformers as the oracle"),
-    "drift-real": ("drift_real", "amortize / repair / auto / forget on real weights and edits from real agent "
+    "edit": ("micro.edit", "latency of one edit: amortize / forget / full re-prefill / transformers peer"),
+    "kernel": ("micro.kernel", "rotate_and_splice GB/s against a plain torch copy of the same rows"),
+    "gemm": ("micro.gemm", "the model's fp32 matrix products on BLAS (MKL) against oneDNN, by row count"),
+    "fidelity": ("fidelity.fidelity", "how close each edit mode's output stays to a full re-prefill, over a workload JSONL"),
+    "grammar": ("micro.grammar", "per-token cost of constrained decoding (llguidance masks)"),
+    "prefill": ("micro.prefill", "prefill tokens/s: Leyline's engine against transformers, same weights"),
+    "replay": ("agent.replay", "replay agent traces: no cache / prefix cache / Leyline amortize / forget"),
+    "serve": ("serve.serve", "HTTP load: concurrent edit + generate sessions"),
+    "chaos": ("serve.chaos", "mixed valid and invalid load from many clients on a served runtime"),
+    "agent": ("agent.agent", "LangGraph agents end to end: solve rate, tokens computed and wall time, with and without edits"),
+    "drift": ("fidelity.drift", "amortize / forget / auto drift on GQA and MLA models, transformers as the oracle"),
+    "drift-real": ("fidelity.drift_real", "amortize / repair / auto / forget on real weights and edits from real agent "
                                  "sessions: next turn, greedy tokens, removed-content questions"),
-    "vllm": ("vllm", "directives inside vllm serve with Leyline's plugins (needs .venv-vllm)"),
-    "traces": ("agent_traces", "real agent sessions replayed through the history policies frameworks apply: "
+    "vllm": ("vllm.vllm", "directives inside vllm serve with Leyline's plugins (needs .venv-vllm)"),
+    "traces": ("traces.traces", "real agent sessions replayed through the history policies frameworks apply: "
                                "prompt tokens computed vs the floor, TTFT; vLLM, Leyline, llama.cpp, the runtime"),
-    "portability": ("portability", "per RoPE family: the vLLM plugin's verdict, rotation error, forget vs fresh, "
+    "portability": ("vllm.portability", "per RoPE family: the vLLM plugin's verdict, rotation error, forget vs fresh, "
                                    "TTFT (needs .venv-vllm)"),
 }
 
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     except MissingExtra as exc:
         print(f"leyline-bench: error: {exc}", file=sys.stderr, flush=True)
         return 1
-    from .machine import set_command
+    from .common.machine import set_command
 
     set_command(["leyline-bench", *argv])
     if args.threads:

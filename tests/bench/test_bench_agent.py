@@ -8,8 +8,8 @@ import pytest
 
 pytest.importorskip("langchain")
 
-from leyline_bench.agent import compare, wilson
-from leyline_bench.agent_tasks import LATENCIES, fit_lognormal
+from leyline_bench.agent.agent import compare, wilson
+from leyline_bench.agent.tasks import LATENCIES, fit_lognormal
 from leyline_bench.cli import main
 
 
@@ -50,7 +50,7 @@ def test_quick_run_writes_every_arm(tmp_path):
 def test_the_call_format_prompt_shows_a_call_the_servers_parse():
     """The example call in the prompt for models not trained on Leyline's markers is one the runtime and the
     vLLM plugin parse (leyline_sdk.tools_prompt), naming one of the tasks' tools."""
-    from leyline_bench.agent_prompts import CALL_FORMAT_PROMPT, SYSTEM_PROMPTS
+    from leyline_bench.agent.prompts import CALL_FORMAT_PROMPT, SYSTEM_PROMPTS
     from leyline_training.tools import TOOLS
 
     from leyline_sdk.tools_prompt import parse_assistant
@@ -63,7 +63,7 @@ def test_the_call_format_prompt_shows_a_call_the_servers_parse():
 
 
 def test_vllm_counters_and_prefix_cache_are_read_from_what_vllm_prints():
-    from leyline_bench.agent_engines import metric_totals, prefix_caching_on
+    from leyline_bench.agent.engines import metric_totals, prefix_caching_on
 
     page = ('# HELP vllm:prefix_cache_hits_total x\nvllm:prefix_cache_queries_total{engine="0",model_name="m"} 1200.0\n'
             'vllm:prefix_cache_hits_total{engine="0",model_name="m"} 900.0\n'
@@ -77,7 +77,7 @@ def test_vllm_counters_and_prefix_cache_are_read_from_what_vllm_prints():
 def test_engine_defaults_fit_the_served_model():
     import argparse
 
-    from leyline_bench.agent import engine_defaults
+    from leyline_bench.agent.agent import engine_defaults
 
     runtime = argparse.Namespace(engine="runtime", max_tokens=None, system_prompt=None)
     vllm = argparse.Namespace(engine="vllm", max_tokens=None, system_prompt=None)
@@ -92,8 +92,8 @@ def test_engine_defaults_fit_the_served_model():
 def test_a_task_the_server_died_under_is_run_again_on_a_restarted_server(monkeypatch):
     import argparse
 
-    from leyline_bench import agent
-    from leyline_bench.agent_run import TaskResult
+    from leyline_bench.agent import agent
+    from leyline_bench.agent.run import TaskResult
 
     from leyline_sdk.errors import APIConnectionError
 
@@ -127,7 +127,7 @@ def test_a_task_the_server_died_under_is_run_again_on_a_restarted_server(monkeyp
 def test_resume_takes_only_arms_finished_with_the_same_settings(tmp_path):
     import argparse
 
-    from leyline_bench.agent_checkpoint import discard, load_finished, save_finished
+    from leyline_bench.agent.checkpoint import discard, load_finished, save_finished
 
     def args(**changes):
         base = {"out": str(tmp_path), "resume": True, "engine": "vllm", "model": "m", "dtype": "bfloat16",

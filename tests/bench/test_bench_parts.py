@@ -10,17 +10,17 @@ import torch
 from helpers import agent_history
 from server_support import torch_threads
 
-from leyline_bench import admission
-from leyline_bench.exact import grow
-from leyline_bench.histories import history_of_length, make_edit, offsets
-from leyline_bench.replay_arms import (
+from leyline_bench.fidelity import admission
+from leyline_bench.common.exact import grow
+from leyline_bench.common.histories import history_of_length, make_edit, offsets
+from leyline_bench.agent.replay_arms import (
     Leyline,
     NoCache,
     PrefixCache,
     common_prefix,
     history_tokens,
 )
-from leyline_bench.traces import PATTERNS, make_trace
+from leyline_bench.agent.synthetic_traces import PATTERNS, make_trace
 from leyline_runtime.inspection import Inspector
 from leyline_runtime.model.default import default_tokenizer_path
 from leyline_runtime.runtime import Runtime, RuntimeConfig
@@ -213,7 +213,7 @@ def test_replay_accounting(runtime):
 
 def test_peer_crop_equals_full_prefill(runtime, tmp_path):
     pytest.importorskip("transformers")
-    from leyline_bench.peer import TransformersPeer, checkpoint_folder
+    from leyline_bench.micro.peer import TransformersPeer, checkpoint_folder
 
     peer = TransformersPeer(checkpoint_folder(None, runtime.model, str(tmp_path)))
     ids = torch.randint(10, 1000, (96,), generator=torch.Generator().manual_seed(0)).tolist()
@@ -241,8 +241,8 @@ def _module_macs(layer, cfg) -> int:
 
 @pytest.mark.parametrize("variant", ["default", "v2-random", "v3-random"])
 def test_prefill_flops_count_every_product_of_the_model(variant):
-    from leyline_bench.roofline import prefill_flops, token_macs
-    from leyline_bench.stress_models import build
+    from leyline_bench.micro.roofline import prefill_flops, token_macs
+    from leyline_bench.fidelity.stress_models import build
 
     model = build(variant, vocab_size=8192)
     cfg = model.config

@@ -3,11 +3,11 @@
 import pytest
 import torch
 
-from leyline_bench import stress_models
-from leyline_bench.edit_sessions import KINDS, PROTECTED_TAIL, build_session
-from leyline_bench.policies import check_policies, jsd_rows, run_session
-from leyline_bench.policy_bench import equal_cost, multi_edit_sessions
-from leyline_bench.edit_sessions import EditSession, Step
+from leyline_bench.fidelity import stress_models
+from leyline_bench.fidelity.edit_sessions import KINDS, PROTECTED_TAIL, build_session
+from leyline_bench.fidelity.policies import check_policies, jsd_rows, run_session
+from leyline_bench.fidelity.policy_bench import equal_cost, multi_edit_sessions
+from leyline_bench.fidelity.edit_sessions import EditSession, Step
 from leyline_runtime.inspection import Inspector
 from leyline_runtime.model import load_model
 from leyline_runtime.model.default import DEFAULT_MODEL_DIR, default_tokenizer_path
@@ -56,7 +56,7 @@ def test_session_seed_picks_the_multi_edit_sessions(tok):
     """Calibrate on one seed range, report on another: --session-seed S --sessions n builds seeds S..S+n-1."""
     import argparse
 
-    from leyline_bench import fidelity
+    from leyline_bench.fidelity import fidelity
 
     parser = argparse.ArgumentParser()
     fidelity.add_parser(parser.add_subparsers())

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from leyline_sdk.protocol import Directive, Span
-from leyline_bench.arms import jsd, run_arms
+from leyline_bench.fidelity.arms import jsd, run_arms
 from leyline_runtime.model import default_config, seeded_model
 from leyline_runtime.runtime import Runtime, RuntimeConfig
 from leyline_runtime.text.tokenizer import ChatTokenizer

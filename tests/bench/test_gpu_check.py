@@ -1,4 +1,4 @@
-"""``make gpu-check``'s script (benchmarks/leyline_bench/gpu_check.py): its CPU dry run end to end,
+"""``make gpu-check``'s script (benchmarks/leyline_bench/gpu/check.py): its CPU dry run end to end,
 the way a failing step shows, and how the CUDA tests are counted."""
 
 import json
@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from leyline_bench import gpu_check, gpu_runtime, gpu_wheels, machine
-from leyline_bench.gpu_bandwidth import SHAPES
+from leyline_bench.common import machine
+from leyline_bench.gpu import check as gpu_check, runtime as gpu_runtime, wheels as gpu_wheels
+from leyline_bench.gpu.bandwidth import SHAPES
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -117,7 +118,7 @@ def test_runtime_step_skipped_with_the_missing_module_named(tmp_path):
         "        if name == 'llguidance' or name.startswith('llguidance.'):\n"
         "            raise ModuleNotFoundError(f'No module named {name!r}', name=name)\n"
         "sys.meta_path.insert(0, Block())\n"
-        "from leyline_bench import gpu_check\n"
+        "from leyline_bench.gpu import check as gpu_check\n"
         f"sys.exit(gpu_check.main(['--dry-run', '--out', {str(tmp_path)!r}, '--skip', 'kernels', 'plugin', "
         "'bandwidth']))\n"
     )

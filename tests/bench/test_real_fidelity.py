@@ -11,12 +11,12 @@ import pytest
 import torch
 
 from leyline_bench.cli import main
-from leyline_bench.drift_bench import load_model
-from leyline_bench.drift_oracle import diff, moved, prefill, rope_slot, take
-from leyline_bench.drift_real import load
-from leyline_bench.real_edits import PLACEHOLDER, SUMMARY_CHARS, Renderer, candidates, histories, template_message
-from leyline_bench.real_modes import EXACT, agreeing_prefix, answer_logprob, continue_all, edited_rows
-from leyline_bench.removed_content import answers, question_for
+from leyline_bench.fidelity.drift import load_model
+from leyline_bench.fidelity.drift_oracle import diff, moved, prefill, rope_slot, take
+from leyline_bench.fidelity.drift_real import load
+from leyline_bench.fidelity.real_edits import PLACEHOLDER, SUMMARY_CHARS, Renderer, candidates, histories, template_message
+from leyline_bench.fidelity.real_modes import EXACT, agreeing_prefix, answer_logprob, continue_all, edited_rows
+from leyline_bench.fidelity.removed_content import answers, question_for
 from leyline_bench.sessions.load import load_sessions
 from leyline_runtime.auto_rule import AutoConfig
 
@@ -191,3 +191,33 @@ def test_a_journal_resumes_a_cut_run_without_playing_its_edits_again(tmp_path):
     # the resumed run's time covers every edit, the two it read from the journal too
     journaled = [json.loads(line)["record"]["seconds"] for line in journal.read_text().splitlines()]
     assert resumed["seconds"] == pytest.approx(sum(journaled))
+
+
+def test_the_llama_cpp_peer_pairs_its_edits_with_leylines_and_refuses_a_model_without_gguf(tmp_path):
+    from leyline_bench.fidelity.llama_peer import markdown, summarise
+
+    def leyline(session, kind, recomputed, same):
+        modes = {m: {"recomputed": r, "greedy_same": g, "greedy_compared": 4}
+                 for m, r, g in (("amortize", recomputed, same), ("auto", recomputed, same), ("forget", 100, 4))}
+        return {"session": session, "kind": kind, "modes": modes}
+
+    def peer(session, kind, recomputed, same):
+        return {"session": session, "kind": kind, "forget_tokens": 100, "turn_tokens": 10, "prompt_tokens": 300,
+                "exact_computed": 300, "recomputed": recomputed, "greedy_same": same, "greedy_compared": 4,
+                "first_token_same": same > 0}
+
+    records = [leyline("a", "clear", 5, 4), leyline("a", "drop", 3, 1), leyline("b", "clear", 7, 0)]
+    s = summarise([peer("a", "drop", 0, 4), peer("b", "clear", 100, 4)], records, greedy_tokens=4)
+    assert s["edits"] == 2 and s["exact_prefill_computed_every_token"]
+    llama, amortize = s["arms"]["llama.cpp --cache-reuse 256"], s["arms"]["Leyline amortize"]
+    assert llama["share"] == 100 / 200 and llama["greedy_identical"] == 1
+    assert amortize["share"] == (3 + 7) / 200 and amortize["greedy_identical"] == 0  # the paired edits only
+    assert amortize["first_token_same"] == 0.5 and s["arms"]["Leyline forget"]["share"] == 1
+    assert "history recomputed" in markdown(s)
+
+    out = tmp_path / "out"
+    assert main(["drift-real", "--quick", "--threads", "1", "--sessions", "30", "--max-tokens", "3000", "--edits", "2",
+                 "--fp32-floor", "0", "--llama-cpp", "2", "--out", str(out)]) == 0
+    tiny = json.loads((out / "drift_real.json").read_text())["models"]["tiny-qwen2"]
+    assert "weights:NAME" in tiny["llama_cpp"]["skipped"]
+    assert "not run" in (out / "drift_real.md").read_text()

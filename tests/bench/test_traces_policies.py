@@ -7,18 +7,18 @@ import json
 import random
 
 import pytest
-from leyline_bench.trace_breaks import arm_recompute, break_cases, load_summary
-from leyline_bench.trace_floor import lcs_length, stream_floors, turn_floors
-from leyline_bench.trace_gguf import gguf_name
-from leyline_bench.trace_policies import (
+from leyline_bench.traces.breaks import arm_recompute, break_cases, load_summary
+from leyline_bench.traces.floor import lcs_length, stream_floors, turn_floors
+from leyline_bench.traces.gguf import gguf_name
+from leyline_bench.traces.policies import (
     SUMMARY_CHARS,
     TRUNCATE_HEAD,
     TRUNCATE_TAIL,
     make_policy,
     scaled,
 )
-from leyline_bench.trace_report import add_ratios, summarise
-from leyline_bench.trace_turns import extends, raw_calls, replay_policy
+from leyline_bench.traces.report import add_ratios, summarise
+from leyline_bench.traces.turns import extends, raw_calls, replay_policy
 
 from leyline_sdk.protocol import FunctionCall, Message, ToolCall
 

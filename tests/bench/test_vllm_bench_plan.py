@@ -8,8 +8,11 @@ import sys
 
 import pytest
 
-from leyline_bench import cli, vllm, vllm_server
-from leyline_bench.vllm_cells import (
+from leyline_bench import cli
+from leyline_bench.common import vllm_server
+from leyline_bench.common.vllm_server import CONNECTOR_CONFIG, VllmServer, serve_command
+from leyline_bench.vllm import vllm
+from leyline_bench.vllm.cells import (
     CELLS,
     parse_cells,
     session_tails,
@@ -17,8 +20,7 @@ from leyline_bench.vllm_cells import (
     spread,
     tax_schedule,
 )
-from leyline_bench.vllm_model import FAMILIES, SHAPES, parameter_count, runtime_tokenizer_file, shape_config
-from leyline_bench.vllm_server import CONNECTOR_CONFIG, VllmServer
+from leyline_bench.vllm.tiny_models import FAMILIES, SHAPES, parameter_count, runtime_tokenizer_file, shape_config
 from leyline_runtime.text.tokenizer import ChatTokenizer
 
 
@@ -141,3 +143,15 @@ def test_an_interrupted_start_leaves_no_server_behind(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         server.start()
     assert server.proc.poll() is not None
+
+
+@pytest.mark.parametrize("amx", [False, True])
+def test_serve_command_names_each_length_and_block_flag_once(monkeypatch, amx):
+    """vLLM's argparse keeps the last of a repeated flag: one per flag, so the command says what ran."""
+    monkeypatch.setattr(vllm_server, "vllm_on_cpu", lambda: True)
+    monkeypatch.setattr(vllm_server, "has_amx", lambda: amx)
+    cmd = serve_command("ckpt", 8000, dtype="float32", max_model_len=2048, block_size=64)
+    assert cmd.count("--max-model-len") == 1 and cmd[cmd.index("--max-model-len") + 1] == "2048"
+    assert cmd.count("--block-size") == 1 and cmd[cmd.index("--block-size") + 1] == "64"
+    default = serve_command("ckpt", 8000, dtype="float32")
+    assert default.count("--block-size") == (1 if amx else 0)

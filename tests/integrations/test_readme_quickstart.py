@@ -12,7 +12,7 @@ How the README's fenced blocks are read (a new kind of block fails here until it
 * ```` ```text ```` right after a ``python`` block (prose between them is fine, another fence is not)
   -- what that block prints: its stdout must equal it.
 * ```` ```console ```` -- ``$ command`` lines with their outputs; ``make docs`` runs and regenerates
-  them (``leyline_bench.docs``; ``tests/repo/test_docs.py`` checks them), so they are not run here.
+  them (``leyline_bench.serve.docs``; ``tests/repo/test_docs.py`` checks them), so they are not run here.
 * any other fence -- needs ``<!-- not run: why -->``; shell lines for the reader go in indented blocks.
 """
 

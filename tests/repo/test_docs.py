@@ -1,7 +1,7 @@
 """README and docs/ stay true to the code.
 
 * The example outputs of every file in ``docs.CHECKED_FILES`` (README.md, docs/api.md) equal a
-  fresh run (``python -m leyline_bench.docs``, which starts a real runtime and runs the documents'
+  fresh run (``python -m leyline_bench.serve.docs``, which starts a real runtime and runs the documents'
   own commands), and no other document holds generated examples.
 * The README is a front door: at most 250 lines, the quick start first, its Performance table
   quoted verbatim from docs/performance.md.
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from leyline_bench import docs
+from leyline_bench.serve import docs
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -32,7 +32,7 @@ LINKED_AHEAD = {"docs/langgraph.md", "docs/operations.md", "docs/vllm.md"}
 
 @pytest.mark.slow
 def test_readme_outputs_equal_a_fresh_run():
-    result = subprocess.run([sys.executable, "-m", "leyline_bench.docs"], cwd=ROOT, capture_output=True,
+    result = subprocess.run([sys.executable, "-m", "leyline_bench.serve.docs"], cwd=ROOT, capture_output=True,
                             text=True, timeout=900, check=False)
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
 

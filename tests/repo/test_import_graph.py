@@ -199,7 +199,7 @@ def test_typed_packages_ship_py_typed(package):
     assert (PACKAGES[package] / "py.typed").is_file()
 
 
-LAYERED = ["leyline_runtime", "leyline_vllm"]  # packages whose docs/design.md section "Inside <package>" has a part table
+LAYERED = ["leyline_runtime", "leyline_vllm", "leyline_bench"]  # packages whose docs/design.md section "Inside <package>" has a part table
 
 
 def package_layers(package: str) -> dict[str, set[str]]:

@@ -10,7 +10,7 @@ from leyline_sdk.errors import CapacityExceeded, InvalidSpan, OverlappingSpans, 
 from leyline_sdk.protocol import (
     Directive, DirectiveBatch, GenerateRequest, Message, SessionCreate, Span,
 )
-from leyline_bench.arms import next_token_logits
+from leyline_bench.fidelity.arms import next_token_logits
 from leyline_runtime.runtime import Runtime, RuntimeConfig
 
 from helpers import agent_history, fp32_diff

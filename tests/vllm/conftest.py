@@ -20,8 +20,8 @@ import pytest
 
 vllm = pytest.importorskip("vllm", reason="vLLM is not installed here: run `make test-vllm` (builds .venv-vllm)")
 
-from leyline_bench.vllm_model import make_tiny_mla_checkpoint  # noqa: E402
-from leyline_bench.vllm_server import VllmServer  # noqa: E402
+from leyline_bench.vllm.tiny_models import make_tiny_mla_checkpoint  # noqa: E402
+from leyline_bench.common.vllm_server import VllmServer  # noqa: E402
 
 FAULT_SESSIONS = ["fault-amortize", "fault-forget"]
 NO_ROTATE_SESSIONS = ["norotate-amortize"]

@@ -16,7 +16,7 @@ import uuid
 import numpy as np
 import pytest
 
-from leyline_bench.vllm_checks import (
+from leyline_bench.vllm.checks import (
     EDITED_INDEX,
     OTHER_TOL,
     REPLACEMENT,
@@ -32,8 +32,8 @@ from leyline_bench.vllm_checks import (
     splice_info,
     split_rope,
 )
-from leyline_bench.vllm_model import make_tiny_checkpoint
-from leyline_bench.vllm_server import VllmServer
+from leyline_bench.vllm.tiny_models import make_tiny_checkpoint
+from leyline_bench.common.vllm_server import VllmServer
 from leyline_sdk import LeylineClient
 
 from test_vllm_directives import assert_same_generation
@@ -48,7 +48,7 @@ def server(tmp_path_factory):
     env = {"LEYLINE_VLLM_DEBUG_ROUTES": "1", "LEYLINE_VLLM_TEST_NO_ROTATE_SESSIONS": NO_ROTATE,
            # mode auto with a threshold every measured drift passes: its forget path
            "LEYLINE_VLLM_AUTO": json.dumps({"signal_window": 32, "short_tail": 32, "forget_threshold": 0.0})}
-    with VllmServer(checkpoint, tmp_path_factory.mktemp("serve-bf16"), env=env, extra=["--block-size", "32"],
+    with VllmServer(checkpoint, tmp_path_factory.mktemp("serve-bf16"), env=env, block_size=32,
                     dtype="bfloat16") as s:
         yield s
 

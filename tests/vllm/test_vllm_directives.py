@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from leyline_sdk import LeylineClient
-from leyline_bench.vllm_checks import REPLACEMENT, edited, greedy, history, rows
-from leyline_bench.vllm_server import SERVED_MODEL_NAME
+from leyline_bench.vllm.checks import REPLACEMENT, edited, greedy, history, rows
+from leyline_bench.common.vllm_server import SERVED_MODEL_NAME
 from leyline_sdk.protocol import Directive, Message, Span
 from vllm_support import NO_PREFIX_CACHE, NO_PREFIX_CACHE_REASON
 

@@ -20,7 +20,7 @@ import httpx
 import numpy as np
 import pytest
 
-from leyline_bench.vllm_checks import (
+from leyline_bench.vllm.checks import (
     OTHER_TOL,
     REPLACEMENT,
     ROTARY_TOL,
@@ -36,11 +36,11 @@ from leyline_bench.vllm_checks import (
     splice_info,
     split_rope,
 )
-from leyline_bench.vllm_model import make_tiny_checkpoint
-from leyline_bench.vllm_server import VllmServer
+from leyline_bench.vllm.tiny_models import make_tiny_checkpoint
+from leyline_bench.common.vllm_server import VllmServer
 from leyline_sdk import LeylineClient
 from leyline_sdk.protocol import Directive, Span
-from leyline_bench.vllm_server import SERVED_MODEL_NAME
+from leyline_bench.common.vllm_server import SERVED_MODEL_NAME
 from test_vllm_directives import assert_same_generation
 
 NO_ROTATE, WRONG_PAIRING = "norotate-fam", "wrongpair-fam"
@@ -59,7 +59,7 @@ class Expected:
     compared_tokens: int = 6
 
 
-# Every family of leyline_bench.vllm_model.FAMILIES but deepseek_v2 (MLA: test_vllm_directives.py).
+# Every family of leyline_bench.vllm.tiny_models.FAMILIES but deepseek_v2 (MLA: test_vllm_directives.py).
 EXPECTED = {
     "llama3": Expected("Llama3RotaryEmbedding", "half_split"),
     "llama_linear": Expected("LinearScalingRotaryEmbedding", "half_split"),
@@ -90,7 +90,7 @@ def family(request, tmp_path_factory):
         env["LEYLINE_VLLM_TEST_PROBE_FAULT"] = "1"
     # 32-token blocks (the CPU backend takes multiples of 32): the short test histories span several
     with VllmServer(checkpoint, tmp_path_factory.mktemp(f"serve-{name}"), env=env,
-                    extra=["--block-size", "32"]) as server:
+                    block_size=32) as server:
         print(f"\n{name}: vllm serve started in {server.startup_s:.0f} s ({server.dtype})")
         yield name, server
 

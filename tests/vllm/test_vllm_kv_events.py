@@ -24,9 +24,9 @@ import httpx
 import pytest
 
 from kv_router import EventSubscriber
-from leyline_bench.vllm_checks import REPLACEMENT, chat_ids, edit_directive, edited, history
-from leyline_bench.vllm_model import make_tiny_checkpoint
-from leyline_bench.vllm_server import SERVED_MODEL_NAME, VllmServer, free_port
+from leyline_bench.vllm.checks import REPLACEMENT, chat_ids, edit_directive, edited, history
+from leyline_bench.vllm.tiny_models import make_tiny_checkpoint
+from leyline_bench.common.vllm_server import SERVED_MODEL_NAME, VllmServer, free_port
 from leyline_sdk import LeylineClient
 from leyline_sdk.protocol import Directive, Span
 
@@ -40,12 +40,12 @@ def replica(tmp_path_factory):
     port = free_port()
     # a wildcard endpoint: the publisher binds it (a host address makes it connect to a collector instead)
     events = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{port}", "topic": "kv"}
-    extra = ["--block-size", str(BLOCK), "--num-gpu-blocks-override", str(POOL_BLOCKS + 1),
-             "--max-model-len", "2048", "--kv-events-config", json.dumps(events)]
+    extra = ["--num-gpu-blocks-override", str(POOL_BLOCKS + 1), "--kv-events-config", json.dumps(events)]
     env = {"LEYLINE_VLLM_HOLD_FRACTION": "1", "LEYLINE_VLLM_HOST_TIER_GIB": "0"}
     subscriber = EventSubscriber(f"tcp://127.0.0.1:{port}", topic="kv")
     try:
-        with VllmServer(checkpoint, tmp_path_factory.mktemp("serve-events"), env=env, extra=extra) as server:
+        with VllmServer(checkpoint, tmp_path_factory.mktemp("serve-events"), env=env, extra=extra, block_size=BLOCK,
+                        max_model_len=2048) as server:
             subscriber.settle()
             yield server, subscriber
     finally:

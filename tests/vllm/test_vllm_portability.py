@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 
 from leyline_bench.cli import main
-from leyline_bench.vllm import POSITIONS
-from leyline_bench.vllm_checks import OTHER_TOL, ROTARY_TOL
+from leyline_bench.vllm.vllm import POSITIONS
+from leyline_bench.vllm.checks import OTHER_TOL, ROTARY_TOL
 
 POSITIONS_KEYS = [str(p) for p in POSITIONS]  # the JSON keys of the 10/50/90% cells
 DRIFT_JSON = Path(__file__).resolve().parents[2] / "docs" / "perf" / "drift.json"  # leyline-bench drift's, committed

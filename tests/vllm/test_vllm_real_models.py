@@ -22,8 +22,8 @@ import pytest
 
 from leyline_bench import weights
 from leyline_bench.sessions.load import load_sessions
-from leyline_bench.vllm_checks import OTHER_TOL, ROTARY_TOL, fresh_completion, greedy, layer0_errors, rows, splice_info
-from leyline_bench.vllm_server import VllmServer
+from leyline_bench.vllm.checks import OTHER_TOL, ROTARY_TOL, fresh_completion, greedy, layer0_errors, rows, splice_info
+from leyline_bench.common.vllm_server import VllmServer
 from leyline_sdk import LeylineClient
 from leyline_sdk.protocol import Directive, Message, Span
 
@@ -59,7 +59,7 @@ def cleared(history: list[Message]) -> tuple[int, list[Message]]:
 def serve(tmp_path_factory, name: str):
     folder = weights.hf_folder(name)
     return VllmServer(folder, tmp_path_factory.mktemp(f"serve-{name}"), env={"LEYLINE_VLLM_DEBUG_ROUTES": "1"},
-                      extra=["--block-size", "32"], dtype="bfloat16")
+                      block_size=32, dtype="bfloat16")
 
 
 @pytest.fixture(scope="module")
@@ -127,7 +127,7 @@ def test_gemma3_is_served_and_refused_by_name(gemma):
     naming it, never a 500."""
     import httpx
 
-    from leyline_bench.vllm_server import SERVED_MODEL_NAME
+    from leyline_bench.common.vllm_server import SERVED_MODEL_NAME
     from leyline_sdk.errors import ValidationFailed
 
     splice = splice_info(gemma.base_url)

@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 import httpx
 import pytest
 
-from leyline_bench.vllm_model import make_tiny_checkpoint
-from leyline_bench.vllm_server import VllmServer
+from leyline_bench.vllm.tiny_models import make_tiny_checkpoint
+from leyline_bench.common.vllm_server import VllmServer
 from leyline_sdk import AsyncLeylineClient, LeylineClient, LeylineMemory
 
 from replicas_support import REPO, SITE_CONFIG, Router, metric, nginx_binary, sessions_on
@@ -42,7 +42,7 @@ MAX_TOKENS = 12
 def replicas(tmp_path_factory):
     """Two replicas of the same tiny GQA checkpoint (Qwen3: spliced, vLLM's prefix cache on)."""
     checkpoint = make_tiny_checkpoint(tmp_path_factory.mktemp("tiny-qwen3"), "qwen3")
-    servers = [VllmServer(checkpoint, tmp_path_factory.mktemp(f"replica-{name}"), extra=["--block-size", "32"])
+    servers = [VllmServer(checkpoint, tmp_path_factory.mktemp(f"replica-{name}"), block_size=32)
                for name in "ab"]
     try:
         with ThreadPoolExecutor(2) as pool:  # both start at once: each takes minutes on a small CPU

@@ -16,12 +16,12 @@ import httpx
 import numpy as np
 import pytest
 
-from leyline_bench.vllm_server import SERVED_MODEL_NAME, VllmServer, has_amx, vllm_on_cpu
+from leyline_bench.common.vllm_server import SERVED_MODEL_NAME, VllmServer, has_amx, vllm_on_cpu
 from leyline_sdk import LeylineClient
 from leyline_sdk.protocol import Directive, Message, Span
 
 from conftest import SPILL_SESSIONS
-from leyline_bench.vllm_checks import REPLACEMENT, edited, history, rows
+from leyline_bench.vllm.checks import REPLACEMENT, edited, history, rows
 from test_vllm_directives import sid
 
 POOL_TOKENS = 2048  # the small pool: 4 sessions' holds fill most of it
@@ -82,8 +82,9 @@ def small_pool(checkpoint, tmp_path_factory):
     env = {"LEYLINE_VLLM_HOLD_TTL_S": str(HOLD_TTL_S), "LEYLINE_VLLM_HOLD_FRACTION": "1",
            "LEYLINE_VLLM_HOST_TIER_GIB": "0", "LEYLINE_VLLM_DEBUG_ROUTES": "1"}
     block = 32 if vllm_on_cpu() and has_amx() else 16  # as serve_command asks for it
-    extra = ["--num-gpu-blocks-override", str(POOL_TOKENS // block + 1), "--max-model-len", str(MAX_MODEL_LEN)]
-    with VllmServer(checkpoint, tmp_path_factory.mktemp("vllm-small-pool"), env=env, extra=extra) as srv:
+    extra = ["--num-gpu-blocks-override", str(POOL_TOKENS // block + 1)]
+    with VllmServer(checkpoint, tmp_path_factory.mktemp("vllm-small-pool"), env=env, extra=extra,
+                    max_model_len=MAX_MODEL_LEN) as srv:
         served = re.search(r'vllm:cache_config_info\{[^}]*block_size="(\d+)"', httpx.get(f"{srv.base_url}/metrics").text)
         assert served and int(served.group(1)) == block, f"served blocks of {served and served.group(1)}, counted {block}"
         srv.block = block

@@ -23,7 +23,7 @@ from leyline_sdk.errors import (
     ValidationFailed,
     VersionConflict,
 )
-from leyline_bench.vllm_server import SERVED_MODEL_NAME
+from leyline_bench.common.vllm_server import SERVED_MODEL_NAME
 from leyline_sdk.protocol import Directive, Message, Span
 
 REPO = Path(__file__).resolve().parents[2]
@@ -152,10 +152,10 @@ def test_langgraph_agent_example_same_directives_as_bundled_runtime(base_url, ch
 def test_benchmark_histories_in_api_layout_are_accepted(client):
     """`leyline-bench vllm` sends the agent histories with the tools block as Leyline's tools message
     (the one message that may spell the call markers); inside a system prompt they are refused."""
-    from leyline_bench.histories import history_of_length
-    from leyline_bench.vllm import api_layout
+    from leyline_bench.common.histories import history_of_length
+    from leyline_bench.vllm.vllm import api_layout
     from leyline_runtime.text.tokenizer import ChatTokenizer
-    from leyline_bench.vllm_model import runtime_tokenizer_file
+    from leyline_bench.vllm.tiny_models import runtime_tokenizer_file
 
     history = history_of_length(ChatTokenizer.from_file(runtime_tokenizer_file()), 512)
     with pytest.raises(ValidationFailed):

@@ -14,7 +14,7 @@ import uuid
 
 import pytest
 
-from leyline_bench.vllm_checks import (
+from leyline_bench.vllm.checks import (
     EDITED_INDEX,
     REPLACEMENT,
     ROTARY_TOL,
@@ -28,8 +28,8 @@ from leyline_bench.vllm_checks import (
     rows,
     splice_info,
 )
-from leyline_bench.vllm_model import make_tiny_checkpoint
-from leyline_bench.vllm_server import VllmServer, vllm_on_cpu
+from leyline_bench.vllm.tiny_models import make_tiny_checkpoint
+from leyline_bench.common.vllm_server import VllmServer, vllm_on_cpu
 from leyline_sdk import LeylineClient
 
 from test_vllm_directives import assert_same_generation
@@ -47,7 +47,7 @@ def server(tmp_path_factory):
         env |= {"VLLM_CPU_OMP_THREADS_BIND": "|".join(str(i) for i in range(RANKS)),
                 "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
     with VllmServer(checkpoint, tmp_path_factory.mktemp("serve-tp"), env=env,
-                    extra=["-tp", str(RANKS), "--block-size", "32"]) as s:
+                    extra=["-tp", str(RANKS)], block_size=32) as s:
         yield s
 
 

@@ -9,7 +9,7 @@ import gzip
 import json
 
 from leyline_bench.cli import main
-from leyline_bench.trace_arms import LLAMA_SERVER
+from leyline_bench.common.llama_server import LLAMA_SERVER
 
 VLLM_ARMS = ("vllm_plain", "leyline_amortize", "leyline_auto")
 FIELDS = ("turns", "edited_turns", "computed", "prompt", "floor", "computed_over_floor", "ttft_p50_s", "ttft_p95_s",

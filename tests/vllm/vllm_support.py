@@ -1,6 +1,6 @@
 """What this machine's vLLM can do (shared by the tests of this folder)."""
 
-from leyline_bench.vllm_server import has_amx, vllm_on_cpu
+from leyline_bench.common.vllm_server import has_amx, vllm_on_cpu
 
 # Without AMX, vLLM's CPU MLA backend switches its prefix cache off: the tests that need it say so.
 NO_PREFIX_CACHE = vllm_on_cpu() and not has_amx()

@@ -1,0 +1,1 @@
+"""Load on a served runtime (``leyline-bench serve | chaos``) and the documents' examples run against one."""
