@@ -32,6 +32,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "vllm": ("vllm.vllm", "directives inside vllm serve with Leyline's plugins (needs .venv-vllm)"),
     "traces": ("traces.traces", "real agent sessions replayed through the history policies frameworks apply: "
                                "prompt tokens computed vs the floor, TTFT; vLLM, Leyline, llama.cpp, the runtime"),
+    "traces-bound": ("traces.bound", "arithmetic, no server: what a prefix cache and the floor compute on the real "
+                                     "sessions, per policy and context budget (the ceiling of a splicing engine)"),
     "portability": ("vllm.portability", "per RoPE family: the vLLM plugin's verdict, rotation error, forget vs fresh, "
                                    "TTFT (needs .venv-vllm)"),
 }

@@ -38,11 +38,11 @@ def numbers(value, key=None):
             yield from numbers(v, key)
 
 
-def run_bench(tmp_path, name, *extra) -> dict:
+def run_bench(tmp_path, name, *extra, file=None) -> dict:
     out = tmp_path / "out"
     assert main([name, "--quick", "--threads", "1", "--out", str(out), *extra]) == 0
-    payload = json.loads((out / f"{name}.json").read_text())
-    assert (out / f"{name}.md").read_text().startswith(f"# leyline-bench {name}")
+    payload = json.loads((out / f"{file or name}.json").read_text())
+    assert (out / f"{file or name}.md").read_text().startswith(f"# leyline-bench {name}")
     assert list(out.glob("*.png")), "no plot written"
     for key in ("machine", "command", "git", "benchmark"):
         assert key in payload
@@ -166,3 +166,14 @@ def test_chaos(tmp_path):
     assert p["requests"] == p["valid_requests"] + p["invalid_requests"] > 0
     assert all(status.startswith("invalid 4") or status.startswith("valid 2") for status in p["status_codes"])
     assert p["rss_bytes"]["before"] > 0 and p["rss_bytes"]["after"] > 0
+
+
+def test_traces_bound(tmp_path):
+    p = run_bench(tmp_path, "traces-bound", file="traces_bound")
+    rows = {(r["policy"], r["cap"]): r for r in p["rows"]}
+    assert set(rows) == {(pol, cap) for pol in ("langchain_clear", "ten_line_truncation") for cap in (4096, 8192)}
+    for r in rows.values():
+        assert r["floor"] <= r["prefix_cache"] <= r["prompt"]
+    cleared = rows[("langchain_clear", 8192)]
+    assert cleared["edited_calls"] >= 1 and cleared["prefix_edited"] > cleared["floor_edited"]
+    assert (tmp_path / "out" / "traces_bound.png").is_file()

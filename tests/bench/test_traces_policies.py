@@ -8,7 +8,7 @@ import random
 
 import pytest
 from leyline_bench.traces.breaks import arm_recompute, break_cases, load_summary
-from leyline_bench.traces.floor import lcs_length, stream_floors, turn_floors
+from leyline_bench.traces.floor import lcs_length, prefix_cache_computed, stream_floors, turn_floors
 from leyline_bench.traces.gguf import gguf_name
 from leyline_bench.traces.policies import (
     SUMMARY_CHARS,
@@ -78,6 +78,19 @@ def test_a_sessions_first_call_is_charged_beyond_the_prefix_it_shares_with_the_p
     first = [system + [10, 11], system + [10, 11, 12]]
     second = [system + [20, 21, 22], system + [20, 21, 22, 23]]
     assert stream_floors([first, second]) == [[6, 1], [3, 1]]
+
+
+def test_a_prefix_cache_reuses_whole_blocks_of_the_previous_requests_prefix_and_computes_the_last_token():
+    base = list(range(100))
+    appended = base + [500, 501, 502]
+    replaced = base[:40] + [900, 901] + base[60:]
+    again = list(replaced)
+    # block 32: 96 of the 100 shared tokens are whole blocks; an edit at 40 keeps one block (32);
+    # a repeated 82-token prompt reuses whole blocks short of its last token (81 -> 64), computing 18
+    assert prefix_cache_computed([[base, appended, replaced, again]], 32) == [[100, 7, 50, 18]]
+    assert prefix_cache_computed([[base, appended]], 1) == [[100, 3]]
+    # sessions chain: the second session's first call shares the first one's last call's prefix
+    assert prefix_cache_computed([[base], [base[:64] + [7]]], 32) == [[100], [1]]
 
 
 # -- the policies -------------------------------------------------------------------------------------

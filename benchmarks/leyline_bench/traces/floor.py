@@ -17,6 +17,9 @@ which engines always compute to produce logits, is not added.
 ``lcs_length`` is Hyyrö's bit-parallel LCS (one Python big integer as the bit vector, a few
 big-integer operations per token of the second list): ~20 ms for two 8k-token lists, where a
 dynamic-programming table would hold 64M cells.
+
+Beside the floor, ``prefix_cache_computed`` counts what an engine that reuses only a common prefix
+(vLLM's prefix caching) computes on the same calls: the two ends every measured arm sits between.
 """
 
 from __future__ import annotations
@@ -78,4 +81,22 @@ def stream_floors(sessions: Sequence[Sequence[Sequence[int]]]) -> list[list[int]
         if histories:
             last = histories[-1]
         out.append(floors)
+    return out
+
+
+def prefix_cache_computed(sessions: Sequence[Sequence[Sequence[int]]], block: int) -> list[list[int]]:
+    """Per call, the prompt tokens an engine computes that reuses the longest block-aligned prefix the call
+    shares with the request before it (sessions one after the other on one server, as :func:`stream_floors`
+    chains them). As vLLM does, at least the last token is computed (a whole-prompt hit still needs its logits):
+    the hit is ``min(prefix, len - 1)`` rounded down to a block. Only the previous request is compared (a cache
+    that never evicts could hold an older, longer match; on these policies an edit changes every later call,
+    so the previous request holds the longest one)."""
+    out, last = [], None
+    for histories in sessions:
+        computed = []
+        for ids in histories:
+            shared = common_prefix_length(last, ids) if last is not None else 0
+            computed.append(len(ids) - min(shared, len(ids) - 1) // block * block)
+            last = ids
+        out.append(computed)
     return out

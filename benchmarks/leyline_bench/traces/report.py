@@ -101,6 +101,12 @@ def markdown(result: dict) -> str:
         lines += [md_table(["policy", "arm", "turns (edited)", "computed", "floor", "computed / floor",
                             "plain ÷ arm", "llama.cpp ÷ arm", "edited turns: computed / floor", "TTFT p50 s",
                             "TTFT p95 s", "prefill s (engine)", "TTFT sum s"], rows), ""]
+        arithmetic = {k.split("/")[1]: v for k, v in result.get("prefix_cache_arithmetic", {}).items()
+                      if k.split("/")[0] == model}
+        if arithmetic:
+            lines += ["By arithmetic on the same calls, a prefix cache of 32-token blocks matched against the previous "
+                      "request (`traces/floor.py`, what `traces-bound` counts) computes: "
+                      + "; ".join(f"`{p}` {v:,}" for p, v in arithmetic.items()) + ".", ""]
     lines += ["## Targets (policy `langchain_clear`)", "",
               md_table(["target", "model", "measured", "bound", "met"],
                        [[t["target"], t["model"], t["value"], t["bound"], t["met"]] for t in result["targets"]]), ""]

@@ -23,13 +23,13 @@ import time
 from pathlib import Path
 
 from .arms import ARMS
-from .floor import stream_floors
+from .floor import prefix_cache_computed, stream_floors
 from .models import MODELS, check_arms, load_model
 from .policies import POLICIES, make_policy, parameters
 from .turns import raw_calls, replay_policy
 
 
-def _names(known: tuple[str, ...]):
+def comma_list(known: tuple[str, ...]):
     def parse(text: str) -> list[str]:
         names = [n.strip() for n in text.split(",") if n.strip()]
         unknown = [n for n in names if n not in known]
@@ -41,11 +41,11 @@ def _names(known: tuple[str, ...]):
 
 def add_parser(sub) -> None:
     p = sub.add_parser("traces")
-    p.add_argument("--models", type=_names(MODELS), default=["qwen2.5-coder-0.5b", "runtime"],
+    p.add_argument("--models", type=comma_list(MODELS), default=["qwen2.5-coder-0.5b", "runtime"],
                    help=f"comma list of {', '.join(MODELS)} (the first one's tokens measure --cap)")
-    p.add_argument("--policies", type=_names(POLICIES), default=list(POLICIES),
+    p.add_argument("--policies", type=comma_list(POLICIES), default=list(POLICIES),
                    help=f"comma list of {', '.join(POLICIES)}")
-    p.add_argument("--arms", type=_names(ARMS), default=list(ARMS), help=f"comma list of {', '.join(ARMS)}")
+    p.add_argument("--arms", type=comma_list(ARMS), default=list(ARMS), help=f"comma list of {', '.join(ARMS)}")
     p.add_argument("--sessions", type=int, default=4, help="the first N held-out sessions (file order)")
     p.add_argument("--cap", type=int, default=8192,
                    help="context budget: calls are kept while the raw history holds at most this many tokens")
@@ -90,8 +90,12 @@ def run(args) -> dict:
             policy = make_policy(policy_name, args.cap)
             result["policies"][policy_name] = parameters(policy)
             replays = [replay_policy(sid, calls, policy) for sid, calls in raw.items()]
-            per_session = stream_floors([[model.ids(h) for h in r.sent] for r in replays])
+            ids = [[model.ids(h) for h in r.sent] for r in replays]
+            per_session = stream_floors(ids)
             floors = {r.instance_id: f for r, f in zip(replays, per_session)}
+            # what plain vLLM's 32-token-block prefix cache computes by arithmetic, beside what it measures
+            result["prefix_cache_arithmetic"][f"{model.label}/{policy_name}"] = sum(map(sum, prefix_cache_computed(
+                ids, 32)))
             for arm_name in model.arms:
                 if f"{model.label}/{policy_name}/{arm_name}" in samples:
                     continue
@@ -112,7 +116,8 @@ def _new_result(args, reference: str, sessions, raw: dict) -> dict:
     return {"run_command": command_line(), "cap": args.cap, "cap_tokens_of": reference, "max_turns": args.max_turns,
             "sessions": [{"instance_id": s.instance_id, "calls": len(raw[s.instance_id]),
                           "calls_in_session": sum(m.role == "assistant" for m in s.messages)} for s in sessions],
-            "policies": {}, "models": {}, "runs": [], "load_average": {"start": list(os.getloadavg())}}
+            "policies": {}, "models": {}, "runs": [], "prefix_cache_arithmetic": {},
+            "load_average": {"start": list(os.getloadavg())}}
 
 
 def run_arm(model, arm_name: str, policy, replays, floors: dict, workdir: Path,
