@@ -40,6 +40,9 @@ def test_quick_traces_report(tmp_path):
     plain, amortize = rows[("tiny-qwen3", "vllm_plain")], rows[("tiny-qwen3", "leyline_amortize")]
     assert plain["edited_turns"] >= 1  # the clearing happened, so the arms differ where it matters
     assert plain["computed"] >= plain["floor"]  # a prefix cache reuses at most the common prefix
+    # plain vLLM (a fresh server of its own, a pool far larger than these prompts: nothing evicted) computes what
+    # the arithmetic prefix cache of 32-token blocks counts, token for token: what traces-bound relies on
+    assert plain["computed"] == payload["prefix_cache_arithmetic"]["tiny-qwen3/langchain_clear"]
     assert amortize["computed_edited"] < plain["computed_edited"]  # the cleared output's tail is not recomputed
     assert amortize["plain_over_arm_tokens"] == plain["computed"] / amortize["computed"]
     if llama:
