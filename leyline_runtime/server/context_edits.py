@@ -41,7 +41,8 @@ def clear_tool_uses(edit: ClearToolUses, messages: list[Message],
     if size < edit.trigger.value:
         return messages, None
     names = _tool_names(messages)
-    keep = set(uses[len(uses) - edit.keep.value:]) if edit.keep.value else set()
+    # the newest keep.value tool results; with fewer than that, all of them (a negative start would keep only some)
+    keep = set(uses[max(0, len(uses) - edit.keep.value):]) if edit.keep.value else set()
     targets = [i for i in uses if i not in keep and _name(messages[i], names) not in edit.exclude_tools]
     edited = list(messages)
     cleared = []

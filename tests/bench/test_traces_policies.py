@@ -149,6 +149,15 @@ def test_anthropic_clear_is_the_runtimes_edit_and_its_request_field():
     assert tools[:3] == [PLACEHOLDER] * 3 and PLACEHOLDER not in tools[3:]
 
 
+def test_anthropic_clear_keeps_every_result_while_there_are_fewer_than_keep():
+    # Past the trigger with 2 tool results and keep = 3: nothing to clear (a negative slice start once kept only
+    # the newest, clearing a result the next call, with 3 of them, brought back)
+    policy = make_policy("anthropic_clear", CAP)
+    raw = session(2, lines=400, width=60)
+    assert policy.sent(raw) == raw
+    assert policy.sent(session(6, lines=400, width=60)) != session(6, lines=400, width=60)
+
+
 def test_unknown_policy_is_named():
     with pytest.raises(ValueError, match="unknown policy"):
         make_policy("clear_everything", CAP)
