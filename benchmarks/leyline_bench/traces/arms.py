@@ -34,6 +34,7 @@ from ..common.vllm_server import SERVED_MODEL_NAME, VllmServer
 
 ARMS = ("vllm_plain", "leyline_amortize", "leyline_auto", "llama_cpp", "runtime")
 PREFILL_METRIC = "vllm:request_prefill_time_seconds_sum"
+VLLM_BLOCK_SIZE = 32  # the vLLM arms' --block-size; traces' arithmetic prefix cache counts in it
 
 
 @dataclass
@@ -60,7 +61,7 @@ class VllmArm:
     """Plain vLLM, or Leyline on vLLM in one mode (``mode`` None: plain)."""
 
     def __init__(self, name: str, checkpoint: Path, workdir: Path, renderer, *, mode: str | None,
-                 kv_gib: int, max_model_len: int, block_size: int = 32, memory_gib: float = 2.0):
+                 kv_gib: int, max_model_len: int, block_size: int = VLLM_BLOCK_SIZE, memory_gib: float = 2.0):
         self.name, self.mode, self.renderer = name, mode, renderer
         self.memory_gib = memory_gib  # what the server takes: fp32 weights, its KV cache, the rest
         self.server = VllmServer(checkpoint, workdir, plugin=mode is not None, max_model_len=max_model_len,

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from ..common.output import fmt, md_table, write_results
 from .floor import prefix_cache_computed, stream_floors
+from .arms import VLLM_BLOCK_SIZE
 from .models import MODELS
 from .policies import POLICIES, make_policy, parameters
 from .traces import comma_list
@@ -42,7 +43,8 @@ def add_parser(sub) -> None:
     p.add_argument("--sessions", type=int, default=60, help="the first N held-out sessions (file order)")
     p.add_argument("--caps", type=lambda t: [int(c) for c in t.split(",")], default=[8192, 16384, 32768, 65536],
                    help="comma list of context budgets (tokens); the policies' sizes scale with each")
-    p.add_argument("--block-size", type=int, default=32, help="the prefix cache's block (vLLM --block-size)")
+    p.add_argument("--block-size", type=int, default=VLLM_BLOCK_SIZE,
+                   help="the prefix cache's block (vLLM --block-size)")
     p.set_defaults(run=run, quick_overrides={"model": "runtime",
                                              "policies": ["langchain_clear", "ten_line_truncation"],
                                              "sessions": 2, "caps": [4096, 8192]})
@@ -68,10 +70,9 @@ def run(args) -> dict:
             print(f"traces-bound: {name} @ {cap}: prefix cache / floor {fmt(rows[-1]['prefix_over_floor'])}",
                   flush=True)
     result = {"benchmark": NAME, "run_command": command_line(), "model": model.label,
-              "model_description": model.description, "block_size": args.block_size, "sessions": [s.instance_id for s in sessions], "rows": rows,
-              "policies": parameters_run}
-    payload = write_results(args.out, NAME, result, "leyline-bench traces-bound",
-                            markdown(result))
+              "model_description": model.description, "block_size": args.block_size,
+              "sessions": [s.instance_id for s in sessions], "rows": rows, "policies": parameters_run}
+    payload = write_results(args.out, NAME, result, "leyline-bench traces-bound", markdown(result))
     plot(Path(args.out), result)
     return payload
 

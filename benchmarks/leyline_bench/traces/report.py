@@ -9,6 +9,7 @@ from pathlib import Path
 from ..common.output import fmt, md_table, write_results
 from .breaks import load_summary
 from .breaks import markdown as breaks_markdown
+from .arms import VLLM_BLOCK_SIZE
 from .breaks import table as breaks_table
 
 TARGET_POLICY = "langchain_clear"
@@ -104,8 +105,8 @@ def markdown(result: dict) -> str:
         arithmetic = {k.split("/")[1]: v for k, v in result.get("prefix_cache_arithmetic", {}).items()
                       if k.split("/")[0] == model}
         if arithmetic:
-            lines += ["By arithmetic on the same calls, a prefix cache of 32-token blocks matched against the previous "
-                      "request (`traces/floor.py`, what `traces-bound` counts) computes: "
+            lines += [f"By arithmetic on the same calls, a prefix cache of {VLLM_BLOCK_SIZE}-token blocks matched "
+                      "against the previous request (`traces/floor.py`, what `traces-bound` counts) computes: "
                       + "; ".join(f"`{p}` {v:,}" for p, v in arithmetic.items()) + ".", ""]
     lines += ["## Targets (policy `langchain_clear`)", "",
               md_table(["target", "model", "measured", "bound", "met"],

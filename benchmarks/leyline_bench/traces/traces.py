@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from .arms import ARMS
+from .arms import ARMS, VLLM_BLOCK_SIZE
 from .floor import prefix_cache_computed, stream_floors
 from .models import MODELS, check_arms, load_model
 from .policies import POLICIES, make_policy, parameters
@@ -93,9 +93,9 @@ def run(args) -> dict:
             ids = [[model.ids(h) for h in r.sent] for r in replays]
             per_session = stream_floors(ids)
             floors = {r.instance_id: f for r, f in zip(replays, per_session)}
-            # what plain vLLM's 32-token-block prefix cache computes by arithmetic, beside what it measures
-            result["prefix_cache_arithmetic"][f"{model.label}/{policy_name}"] = sum(map(sum, prefix_cache_computed(
-                ids, 32)))
+            # what plain vLLM's prefix cache computes by arithmetic, beside what it measures
+            prefix = prefix_cache_computed(ids, VLLM_BLOCK_SIZE)
+            result["prefix_cache_arithmetic"][f"{model.label}/{policy_name}"] = sum(map(sum, prefix))
             for arm_name in model.arms:
                 if f"{model.label}/{policy_name}/{arm_name}" in samples:
                     continue
