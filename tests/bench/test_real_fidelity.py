@@ -221,3 +221,56 @@ def test_the_llama_cpp_peer_pairs_its_edits_with_leylines_and_refuses_a_model_wi
     tiny = json.loads((out / "drift_real.json").read_text())["models"]["tiny-qwen2"]
     assert "weights:NAME" in tiny["llama_cpp"]["skipped"]
     assert "not run" in (out / "drift_real.md").read_text()
+
+
+def test_the_vllm_arm_replaces_one_message_span_and_counts_each_modes_own_rows():
+    from leyline_bench.fidelity.vllm_peer import markdown, message_span, summarise
+    from leyline_sdk.protocol import Message
+
+    old = [Message(role="user", content=str(k)) for k in range(6)]
+    clear = old[:2] + [Message(role="user", content="[cleared]")] + old[3:]
+    assert message_span(old, clear) == (2, 3, [clear[2]])
+    assert message_span(old, old[:1] + old[3:]) == (1, 3, [])  # a drop: a call and its output go
+    summary = old[:1] + [Message(role="user", content="Summary")] + old[5:]
+    assert message_span(old, summary) == (1, 5, [summary[1]])
+
+    def run(own, computed, same, choice=None, answered=False):
+        return {"own": own, "recomputed": computed, "greedy_same": same, "greedy_compared": 8,
+                "applied": "forget" if choice == "forget" else "amortize", "choice": choice, "fallback_reason": None}
+
+    def record(kind, amortize_same, q):
+        amortize = run(10, 10, amortize_same) | ({"parting_margin": 0.2} if amortize_same < 8 else {})
+        modes = {"amortize": amortize, "auto": run(40, 30, 8, "amortize"), "forget": run(100, 70, 8),
+                 "floor": {"greedy_same": 8, "greedy_compared": 8}}
+        return {"kind": kind, "forget_tokens": 96, "modes": modes, "seconds": 1.0,
+                "question": {"answered": {"F": q, "exact": False, "amortize": q, "auto": False, "forget": False}}}
+
+    s = summarise([record("clear", 8, True), record("drop", 3, False)], {"dtype": "bfloat16"}, greedy_tokens=8)
+    amortize, auto, forget = (s["arms"][m] for m in ("amortize", "auto", "forget"))
+    assert forget["share"] == 1 and amortize["share"] == 20 / 200 and auto["share"] == 80 / 200
+    assert auto["computed_share"] == 60 / 200  # what it computed after amortize's rows, not its own cost
+    assert amortize["greedy_identical"] == 0.5 and amortize["greedy_prefix_mean"] == 5.5 and auto["greedy_identical"] == 1
+    assert s["removed"] == {"questions": 2, "f_answers": 1, "answered": {"F": 1, "exact": 0, "amortize": 1, "auto": 0,
+                                                                          "forget": 0},
+                            "answered_where_f_does": {"exact": 0, "amortize": 1, "auto": 0, "forget": 0}}
+    assert amortize["parted_on_near_tie"] == 1 and auto["parted_on_near_tie"] is None
+    assert s["arms"]["floor"] == {"greedy_identical": 1, "greedy_prefix_mean": 8, "first_token_same": 1}
+    assert s["by_kind_greedy_identical"]["drop"]["amortize"] == 0 and "own rows" in markdown(s)
+    assert "floor: vLLM's exact prefill" in markdown(s)
+
+
+def test_a_peers_only_run_needs_vllm_and_a_real_checkpoint(tmp_path):
+    """--no-oracle leaves the transformers arms out; the vLLM arm refuses, by name, what it cannot serve."""
+    from leyline_bench.fidelity.llama_peer import summarise
+
+    peer = {"session": "a", "kind": "drop", "forget_tokens": 100, "turn_tokens": 10, "prompt_tokens": 300,
+            "exact_computed": 300, "recomputed": 40, "greedy_same": 4, "greedy_compared": 4, "first_token_same": True}
+    alone = summarise([peer], [], greedy_tokens=4)
+    assert list(alone["arms"]) == ["llama.cpp --cache-reuse 256"] and alone["arms"]["llama.cpp --cache-reuse 256"][
+        "share"] == 0.4
+    out = tmp_path / "out"
+    assert main(["drift-real", "--quick", "--threads", "1", "--sessions", "30", "--max-tokens", "3000", "--edits", "2",
+                 "--no-oracle", "--vllm", "2", "--out", str(out)]) == 0
+    tiny = json.loads((out / "drift_real.json").read_text())["models"]["tiny-qwen2"]
+    assert tiny["summary"] == {"edits": 0} and "weights:NAME" in tiny["vllm"]["skipped"]
+    assert "not run" in (out / "drift_real.md").read_text()

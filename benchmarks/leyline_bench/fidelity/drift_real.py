@@ -14,6 +14,8 @@ model's tokenizer and a ChatML-like template: for smoke tests, nothing downloade
 plays the first N edits again in float32 with ``forget`` only: forget's distance from the reference
 there is float32's noise floor, beside the run dtype's. ``--llama-cpp N`` runs the first N edits on
 llama.cpp's cache reuse serving the checkpoint's GGUF (:mod:`.llama_peer`), the peer a user would pick;
+``--vllm N`` runs the first N edits inside ``vllm serve`` with the plugin (:mod:`.vllm_peer`), scored
+against vLLM's own prefill; ``--no-oracle`` leaves the transformers arms out (a peers-only run).
 ``--journal FILE`` writes every finished edit down (:mod:`.journal`), so a run cut short resumes.
 """
 
@@ -31,10 +33,12 @@ from ..common.llama_server import LlamaServer, absent_reason
 from .drift_oracle import rope_slot
 from .journal import Journal, each_edit
 from .llama_peer import peer_record, summarise as peer_summary
+from . import vllm_peer
 from ..common.output import write_results
 from .real_case import history_rows, run_edit
 from .real_edits import KINDS, Renderer, select_edits
 from .real_modes import mode_names
+from .removed_content import question_for
 from .real_report import markdown, plot, summarise
 from ..sessions.load import load_sessions
 from ..common.stats import mean
@@ -66,6 +70,13 @@ def add_parser(sub) -> None:
                    help="the first N edits also on llama.cpp's llama-server --cache-reuse serving the checkpoint's "
                         "GGUF (weights:NAME models; make llama-server builds it): tokens recomputed, greedy "
                         "agreement with its own exact prefill (default 0: not run)")
+    p.add_argument("--vllm", type=int, default=0, metavar="N",
+                   help="the first N edits also inside vLLM: vllm serve with the plugin on the checkpoint, amortize / "
+                        "auto / forget against vLLM's own prefill of the edited history (run with .venv-vllm's "
+                        "python; default 0: not run)")
+    p.add_argument("--vllm-dtype", default="bfloat16", choices=("float32", "bfloat16"), help="vllm serve's --dtype")
+    p.add_argument("--no-oracle", action="store_true",
+                   help="skip the transformers arms: only the peers (--llama-cpp, --vllm) run")
     p.add_argument("--journal", default=None,
                    help="JSON-lines file of finished edits: read on start (those edits are not played again) and "
                         "appended after each edit, so a run cut short resumes where it stopped")
@@ -75,8 +86,8 @@ def add_parser(sub) -> None:
         "repair_windows": "16", "greedy_tokens": 6, "answer_tokens": 6, "dtype": "float32", "fp32_floor": 2})
 
 
-def load(spec: str, dtype: torch.dtype):
-    """(model, tokenizer) for one ``--models`` entry."""
+def load(spec: str, dtype: torch.dtype, tokenizer_only: bool = False):
+    """(model, tokenizer) for one ``--models`` entry (model None with ``tokenizer_only``)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
 
     if spec == "random-qwen2":
@@ -90,6 +101,8 @@ def load(spec: str, dtype: torch.dtype):
         from .. import weights
 
         spec = str(weights.hf_folder(spec.removeprefix("weights:")))
+    if tokenizer_only:
+        return None, AutoTokenizer.from_pretrained(spec)
     return AutoModelForCausalLM.from_pretrained(spec, dtype=dtype).eval(), AutoTokenizer.from_pretrained(spec)
 
 
@@ -104,15 +117,15 @@ def run(args, log=print) -> dict:
     sessions = load_sessions(args.split)[:args.sessions]
     models = {}
     for label, spec in _models(args.models):
-        model, tok = load(spec, getattr(torch, args.dtype))
+        model, tok = load(spec, getattr(torch, args.dtype), tokenizer_only=args.no_oracle)
         render = Renderer(tok)
         edits = select_edits(render, sessions, kinds, args.edits, args.max_tokens, args.turn_tokens)
         journal = Journal(args.journal, label) if args.journal else None
-        records = play(model, render, edits, cfg, mode_names(windows), args, journal=journal,
-                       log=lambda s, at=label: log(f"{at} {s}"))
+        records = [] if args.no_oracle else play(model, render, edits, cfg, mode_names(windows), args,
+                                                 journal=journal, log=lambda s, at=label: log(f"{at} {s}"))
         seconds = sum(r["seconds"] for r in records)  # also over a resumed run's journal
         floor = []
-        if args.fp32_floor:
+        if args.fp32_floor and not args.no_oracle:
             del model
             model = load(spec, torch.float32)[0]
             floor = play(model, render, edits[:args.fp32_floor], cfg, ["forget"], args, ask=False,
@@ -130,8 +143,17 @@ def run(args, log=print) -> dict:
             models[label]["llama_cpp"] = ({"skipped": peer} if isinstance(peer, str)
                                           else peer_summary(peer, records, args.greedy_tokens))
         models[label]["peer_records"] = peer if isinstance(peer, list) else None
+        inside = None
+        if args.vllm:
+            inside_journal = Journal(args.journal, f"{label}/vllm") if args.journal else None
+            inside, described = play_vllm(spec, render, edits[:args.vllm], args, inside_journal,
+                                          log=lambda s, at=label: log(f"{at} vllm {s}"))
+            models[label]["vllm"] = ({"skipped": inside} if isinstance(inside, str)
+                                     else vllm_peer.summarise(inside, described, args.greedy_tokens))
+        models[label]["vllm_records"] = inside if isinstance(inside, list) else None
     samples = {label: {"records": m.pop("records"), "fp32_floor": m.pop("floor_records"),
-                       "llama_cpp": m.pop("peer_records")} for label, m in models.items()}
+                       "llama_cpp": m.pop("peer_records"), "vllm": m.pop("vllm_records")}
+               for label, m in models.items()}
     settings = {k: v for k, v in vars(args).items() if k not in ("run", "quick_overrides")} | {"auto": cfg.__dict__}
     result = {"benchmark": args.name, "settings": settings, "models": models}
     payload = write_results(args.out, args.name, result, "leyline-bench drift-real", markdown(models, args),
@@ -180,7 +202,41 @@ def play_peer(spec: str, render: Renderer, edits, args, journal: Journal | None,
                                              f" ({r['seconds']:.0f} s)"), log)
 
 
+def play_vllm(spec: str, render: Renderer, edits, args, journal: Journal | None,
+              log=print) -> tuple[list[dict] | str, dict | None]:
+    """The edits inside ``vllm serve`` with the plugin (:mod:`.vllm_peer`); a string: why it did not run."""
+    if not spec.startswith("weights:"):
+        return "the vLLM arm serves a checkpoint of leyline_bench.weights (weights:NAME)", None
+    try:
+        import vllm  # noqa: F401  (only .venv-vllm has it)
+    except ImportError:
+        return "vllm is not installed in this python (run drift-real with .venv-vllm's python)", None
+    from .. import weights
+
+    folder = weights.hf_folder(spec.split(":", 1)[1])
+    ctx = args.max_tokens + 2 * args.turn_tokens + args.greedy_tokens + 512  # the plugin's rendering runs longer
+    with tempfile.TemporaryDirectory() as workdir, vllm_peer.VllmPeer(
+            folder, Path(workdir), dtype=args.vllm_dtype, max_model_len=ctx, greedy_tokens=args.greedy_tokens,
+            answer_tokens=args.answer_tokens) as peer:
+        described = peer.describe()
+        log(f"serving: {described['splice']}")
+        records = each_edit(edits, lambda e: peer.record(e, question_for(e.removed, render.text(e.messages))),
+                            journal, _describe_vllm, log)
+    return records, described
+
+
+def _describe_vllm(n, edit, r) -> str:
+    floor = r["modes"].get("floor")
+    return (", ".join(f"{m} rows {r['modes'][m]['own']} (here {r['modes'][m]['recomputed']}) of {r['forget_tokens']} "
+                      f"greedy {r['modes'][m]['greedy_same']}/{r['modes'][m]['greedy_compared']}"
+                      + (f" ({r['modes'][m]['choice']})" if r["modes"][m]["choice"] else "") for m in vllm_peer.MODES)
+            + (f"; floor {floor['greedy_same']}/{floor['greedy_compared']}" if floor else "")
+            + f" ({r['seconds']:.0f} s)")
+
+
 def _shape(model) -> dict:
+    if model is None:
+        return {}
     c = model.config
     return {"architecture": c.model_type, "layers": c.num_hidden_layers, "hidden": c.hidden_size,
             "query_heads": c.num_attention_heads, "kv_heads": c.num_key_value_heads,

@@ -52,16 +52,18 @@ def peer_record(server: LlamaServer, render: Renderer, edit: RealEdit, greedy_to
 
 def summarise(peer: list[dict], leyline: list[dict], greedy_tokens: int,
               modes: tuple[str, ...] = ("amortize", "auto", "forget")) -> dict:
-    """The peer's totals beside Leyline's modes on the same edits (matched by session and kind, in order)."""
+    """The peer's totals beside Leyline's modes on the same edits (matched by session and kind, in order);
+    the peer alone where the transformers arms did not run (``leyline`` empty)."""
     if not peer:
         return {"edits": 0}
     keyed = {}
     for r in leyline:
         keyed.setdefault((r["session"], r["kind"]), []).append(r)
-    pairs = [(p, keyed[(p["session"], p["kind"])].pop(0)) for p in peer if keyed.get((p["session"], p["kind"]))]
+    pairs = ([(p, keyed[(p["session"], p["kind"])].pop(0)) for p in peer if keyed.get((p["session"], p["kind"]))]
+             if leyline else [(p, None) for p in peer])
     forget = max(1, sum(p["forget_tokens"] for p, _ in pairs))
     rows = {LABEL: _row([p for p, _ in pairs], forget)}
-    for m in modes:
+    for m in modes if leyline else ():
         rows[f"Leyline {m}"] = _row([r["modes"][m] | {"first_token_same": r["modes"][m]["greedy_same"] > 0}
                                      for _, r in pairs], forget)
     # the check that "cache off" is an exact prefill: llama.cpp computed every prompt token

@@ -8,7 +8,7 @@ from collections import Counter
 from ..common import plots
 from ..common.output import fmt, md_table
 from ..common.stats import mean, percentile
-from . import llama_peer
+from . import llama_peer, vllm_peer
 
 TAIL_BINS = ((0, 500), (500, 1000), (1000, 10 ** 9))
 
@@ -134,7 +134,8 @@ def _removed_table(r: dict) -> str:
 def model_markdown(label: str, m: dict) -> str:
     s = m["summary"]
     if not s["edits"]:
-        return f"## {label}\n\nNo edits.\n"
+        return (f"## {label}\n\nThe transformers arms: not run (`--no-oracle`) or no edits.\n\n"
+                + llama_peer.markdown(m.get("llama_cpp")) + vllm_peer.markdown(m.get("vllm")))
     auto = s["modes"].get("auto", {})
     c = s["checks"]
     text = (f"## {label} ({m['architecture']}, {m['layers']} layers, {m['query_heads']}/{m['kv_heads']} heads, "
@@ -168,7 +169,7 @@ def model_markdown(label: str, m: dict) -> str:
                  "edit; F: the unedited history. *log-prob gain*: the log-probability the arm's rows give the "
                  "removed value (teacher-forced after the question) minus the exact arm's; *informative*: questions "
                  f"where F's gain is at least {INFORMATIVE_NATS:g} nat.\n\n" + _removed_table(r) + "\n\n")
-    return text + llama_peer.markdown(m.get("llama_cpp"))
+    return text + llama_peer.markdown(m.get("llama_cpp")) + vllm_peer.markdown(m.get("vllm"))
 
 
 def markdown(models: dict, args) -> str:
@@ -194,4 +195,12 @@ def plot(path: str, models: dict) -> None:
             series["greedy continuation identical"].append(ms["greedy_identical"])
             removed = (s.get("removed") or {}).get("arms", {}).get(mode, {})
             series["removed value answered (of questions F answers)"].append(removed.get("share_where_f_does"))
+        inside = m.get("vllm") or {}
+        for mode, a in (inside.get("arms") or {}).items():
+            groups.append(f"{label} {mode} (vLLM)")
+            series["next-turn probe top-1"].append(None)  # not measured inside vLLM
+            series["greedy continuation identical"].append(a["greedy_identical"])
+            hits, asked = inside["removed"]["answered_where_f_does"].get(mode), inside["removed"]["f_answers"]
+            series["removed value answered (of questions F answers)"].append(
+                hits / asked if asked and hits is not None else None)  # the floor is asked no question
     plots.grouped_bars(path, "single real edits against an exact prefill, per mode", groups, series, "share")
