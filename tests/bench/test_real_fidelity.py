@@ -224,8 +224,13 @@ def test_the_llama_cpp_peer_pairs_its_edits_with_leylines_and_refuses_a_model_wi
 
 
 def test_the_vllm_arm_replaces_one_message_span_and_counts_each_modes_own_rows():
-    from leyline_bench.fidelity.vllm_peer import markdown, message_span, summarise
+    from leyline_bench.fidelity.vllm_peer import markdown, summarise
+    from leyline_sdk.diff import diff_messages
     from leyline_sdk.protocol import Message
+
+    def message_span(old, new):  # the one directive the vLLM arm sends for an edit (the SDK's diff)
+        (d,) = diff_messages(old, new)
+        return d.span.start, d.span.end, d.replacement
 
     old = [Message(role="user", content=str(k)) for k in range(6)]
     clear = old[:2] + [Message(role="user", content="[cleared]")] + old[3:]

@@ -44,26 +44,20 @@ from pathlib import Path
 import httpx
 
 from leyline_sdk import LeylineClient
+from leyline_sdk.diff import diff_messages
 from leyline_sdk.protocol import Directive, Message, Span
 from ..common.output import fmt, md_table
 from ..common.stats import mean, percentile
 from ..common.vllm_server import SERVED_MODEL_NAME, VllmServer
+from .drift_oracle import diff
 from .real_edits import RealEdit
+from .real_modes import agreeing_prefix
 from .removed_content import Question, answers
 
 MODES = ("amortize", "auto", "forget")
 NEAR_TIE = 0.5  # nats between the reference's top two tokens: a margin bf16 rounding can close
 BLOCK = 32  # the server's --block-size: the unit of vLLM's prefix cache
 LABEL = "Leyline on vLLM"
-
-
-def message_span(old: list[Message], new: list[Message]) -> tuple[int, int, list[Message]]:
-    """The one message span of ``old`` that ``new`` replaces: (start, end, replacement)."""
-    start = next((k for k, (a, b) in enumerate(zip(old, new)) if a != b), min(len(old), len(new)))
-    tail = 0
-    while tail < min(len(old), len(new)) - start and old[-1 - tail] == new[-1 - tail]:
-        tail += 1
-    return start, len(old) - tail, new[start:len(new) - tail]
 
 
 class VllmPeer:
@@ -98,13 +92,14 @@ class VllmPeer:
 
     def record(self, edit: RealEdit, question: Question | None = None) -> dict:
         old, new, turn = edit.history.messages, edit.messages, edit.history.next_turn
-        start, end, replacement = message_span(old, new)
         old_ids, new_ids = self.renderer.ids(old), self.renderer.ids(new)
-        first = next((k for k, (a, b) in enumerate(zip(old_ids, new_ids)) if a != b), min(len(old_ids), len(new_ids)))
+        first = diff(old_ids, new_ids).start
         t0 = time.perf_counter()
         asked = [Message(role="user", content=question.text)] if question else None
-        runs = {m: self._mode(m, old, Directive(span=Span(start=start, end=end), replacement=replacement, mode=m),
-                              turn, len(new), asked) for m in MODES}
+        runs = {}
+        for m in MODES:
+            (directive,) = diff_messages(old, new, mode=m)  # what the SDK sends: every edit kind is one span
+            runs[m] = self._mode(m, old, directive, turn, len(new), asked)
         for run in runs.values():
             run["own"] = len(new_ids) - run["rotated"] - first // BLOCK * BLOCK
         exact = self._complete(new + list(turn), self.greedy_tokens, ignore_end=True)
@@ -112,8 +107,7 @@ class VllmPeer:
         reference = exact["tokens"]
         runs["floor"] = {"tokens": cold["tokens"]}
         for run in runs.values():
-            run["greedy_same"] = _agreeing(reference, run.pop("tokens"))
-            run["greedy_compared"] = len(reference)
+            run["greedy_same"], run["greedy_compared"] = agreeing_prefix(reference, run.pop("tokens"), set())
             if run["greedy_same"] < len(reference):
                 run["parting_margin"] = exact["margins"][run["greedy_same"]]
         out = {"session": edit.history.session, "kind": edit.kind, "history_tokens": len(old_ids),
@@ -177,34 +171,23 @@ def _text(message: Message) -> str:
     return " ".join([message.content or "", *(c.function.arguments for c in message.tool_calls or [])])
 
 
-def _agreeing(reference: list[str], tokens: list[str]) -> int:
-    return next((k for k, t in enumerate(reference) if k >= len(tokens) or tokens[k] != t), len(reference))
-
-
 def summarise(records: list[dict], describe: dict | None, greedy_tokens: int) -> dict:
     if not records:
         return {"edits": 0}
     forget = max(1, sum(r["modes"]["forget"]["own"] for r in records))
     arms = {}
-    for m in [*MODES, "floor"]:
-        if any(m not in r["modes"] for r in records):
-            continue  # a journal written before the floor was measured
+    for m in MODES:
         runs = [r["modes"][m] for r in records]
-        if m == "floor":
-            arms[m] = {"greedy_identical": mean([run["greedy_same"] == run["greedy_compared"] for run in runs]),
-                       "greedy_prefix_mean": mean([run["greedy_same"] for run in runs]),
-                       "first_token_same": mean([run["greedy_same"] > 0 for run in runs])}
-            continue
         margins = [run["parting_margin"] for run in runs if run.get("parting_margin") is not None]
         arms[m] = {"share": sum(run["own"] for run in runs) / forget,
                    "computed_share": sum(run["recomputed"] for run in runs) / forget,
-                   "greedy_identical": mean([run["greedy_same"] == run["greedy_compared"] for run in runs]),
-                   "greedy_prefix_mean": mean([run["greedy_same"] for run in runs]),
-                   "first_token_same": mean([run["greedy_same"] > 0 for run in runs]),
+                   **_agreement(runs),
                    "applied": dict(Counter(run["applied"] for run in runs)),
                    "choices": dict(Counter(run["choice"] for run in runs if run["choice"])),
                    "fallbacks": dict(Counter(run["fallback_reason"] for run in runs if run["fallback_reason"])),
                    "parting_margin_p50": percentile(margins, 50), "parted_on_near_tie": mean([v < NEAR_TIE for v in margins])}
+    if all("floor" in r["modes"] for r in records):  # a journal written before the floor was measured has none
+        arms["floor"] = _agreement([r["modes"]["floor"] for r in records])
     asked = [r["question"] for r in records if r.get("question")]
     removed = {"questions": len(asked), "f_answers": sum(q["answered"]["F"] for q in asked),
                "answered": {a: sum(q["answered"][a] for q in asked) for a in ("F", "exact", *MODES)},
@@ -216,6 +199,12 @@ def summarise(records: list[dict], describe: dict | None, greedy_tokens: int) ->
     return {"edits": len(records), "greedy_tokens": greedy_tokens, "server": describe, "arms": arms,
             "by_kind_greedy_identical": by_kind, "removed": removed, "edit_kinds": dict(Counter(r["kind"] for r in records)),
             "seconds_per_edit": mean([r["seconds"] for r in records])}
+
+
+def _agreement(runs: list[dict]) -> dict:
+    return {"greedy_identical": mean([run["greedy_same"] == run["greedy_compared"] for run in runs]),
+            "greedy_prefix_mean": mean([run["greedy_same"] for run in runs]),
+            "first_token_same": mean([run["greedy_same"] > 0 for run in runs])}
 
 
 def markdown(s: dict | None) -> str:
