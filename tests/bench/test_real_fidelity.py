@@ -5,6 +5,7 @@ removed-content questions are what they say; the quick run reports every mode.""
 
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
@@ -224,7 +225,7 @@ def test_the_llama_cpp_peer_pairs_its_edits_with_leylines_and_refuses_a_model_wi
 
 
 def test_the_vllm_arm_replaces_one_message_span_and_counts_each_modes_own_rows():
-    from leyline_bench.fidelity.vllm_peer import markdown, summarise
+    from leyline_bench.fidelity.vllm_peer import markdown, merge, summarise
     from leyline_sdk.diff import diff_messages
     from leyline_sdk.protocol import Message
 
@@ -247,17 +248,33 @@ def test_the_vllm_arm_replaces_one_message_span_and_counts_each_modes_own_rows()
         amortize = run(10, 10, amortize_same) | ({"parting_margin": 0.2} if amortize_same < 8 else {})
         modes = {"amortize": amortize, "auto": run(40, 30, 8, "amortize"), "forget": run(100, 70, 8),
                  "floor": {"greedy_same": 8, "greedy_compared": 8}}
-        return {"kind": kind, "forget_tokens": 96, "modes": modes, "seconds": 1.0,
-                "question": {"answered": {"F": q, "exact": False, "amortize": q, "auto": False, "forget": False}}}
+        return {"session": f"s-{kind}", "edited_tokens": 500, "kind": kind, "forget_tokens": 96, "modes": modes,
+                "seconds": 1.0, "question": {"replies": {}, "answered": {"F": q, "exact": False, "amortize": q,
+                                                                        "auto": False, "forget": False}}}
 
-    s = summarise([record("clear", 8, True), record("drop", 3, False)], {"dtype": "bfloat16"}, greedy_tokens=8)
+    records = [record("clear", 8, True), record("drop", 3, False)]
+    repaired = [{"session": r["session"], "edited_tokens": r["edited_tokens"], "seconds": 2.0,
+                 "modes": {"repair 16": run(26, 26, 8 - k, "amortize")},
+                 "question": {"answered": {"repair 16": False}, "replies": {"repair 16": "x"}}}
+                for k, r in enumerate(records)]
+    with pytest.raises(ValueError, match="not the same edit"):
+        merge(copy.deepcopy(records), repaired[::-1])
+    with pytest.raises(ValueError):
+        merge(copy.deepcopy(records), repaired[:1])  # a server that measured fewer edits
+    merge(records, repaired)
+    s = summarise(records, {"dtype": "bfloat16"}, greedy_tokens=8)
+    assert list(s["arms"]) == ["amortize", "repair 16", "auto", "forget", "floor"]  # cheapest first
+    assert s["arms"]["repair 16"]["share"] == 52 / 200 and s["arms"]["repair 16"]["greedy_identical"] == 0.5
+    assert s["removed"]["answered"]["repair 16"] == 0 and s["seconds_per_edit"] == 3.0
+    assert "*repair W*" in markdown(s) and "| repair 16 |" in markdown(s)
     amortize, auto, forget = (s["arms"][m] for m in ("amortize", "auto", "forget"))
     assert forget["share"] == 1 and amortize["share"] == 20 / 200 and auto["share"] == 80 / 200
     assert auto["computed_share"] == 60 / 200  # what it computed after amortize's rows, not its own cost
     assert amortize["greedy_identical"] == 0.5 and amortize["greedy_prefix_mean"] == 5.5 and auto["greedy_identical"] == 1
-    assert s["removed"] == {"questions": 2, "f_answers": 1, "answered": {"F": 1, "exact": 0, "amortize": 1, "auto": 0,
-                                                                          "forget": 0},
-                            "answered_where_f_does": {"exact": 0, "amortize": 1, "auto": 0, "forget": 0}}
+    assert s["removed"] == {"questions": 2, "f_answers": 1,
+                            "answered": {"F": 1, "exact": 0, "amortize": 1, "repair 16": 0, "auto": 0, "forget": 0},
+                            "answered_where_f_does": {"exact": 0, "amortize": 1, "repair 16": 0, "auto": 0,
+                                                      "forget": 0}}
     assert amortize["parted_on_near_tie"] == 1 and auto["parted_on_near_tie"] is None
     assert s["arms"]["floor"] == {"greedy_identical": 1, "greedy_prefix_mean": 8, "first_token_same": 1}
     assert s["by_kind_greedy_identical"]["drop"]["amortize"] == 0 and "own rows" in markdown(s)

@@ -15,7 +15,8 @@ plays the first N edits again in float32 with ``forget`` only: forget's distance
 there is float32's noise floor, beside the run dtype's. ``--llama-cpp N`` runs the first N edits on
 llama.cpp's cache reuse serving the checkpoint's GGUF (:mod:`.llama_peer`), the peer a user would pick;
 ``--vllm N`` runs the first N edits inside ``vllm serve`` with the plugin (:mod:`.vllm_peer`), scored
-against vLLM's own prefill; ``--no-oracle`` leaves the transformers arms out (a peers-only run).
+against vLLM's own prefill (``--vllm-repair W,..``: repair windows there too, one server each);
+``--no-oracle`` leaves the transformers arms out (a peers-only run).
 ``--journal FILE`` writes every finished edit down (:mod:`.journal`), so a run cut short resumes.
 """
 
@@ -74,6 +75,9 @@ def add_parser(sub) -> None:
                    help="the first N edits also inside vLLM: vllm serve with the plugin on the checkpoint, amortize / "
                         "auto / forget against vLLM's own prefill of the edited history (run with .venv-vllm's "
                         "python; default 0: not run)")
+    p.add_argument("--vllm-repair", default="", metavar="W,..",
+                   help="repair windows also run inside vLLM on the same --vllm edits, each on its own vllm serve "
+                        "whose auto always amortizes with a W-token exact window (default: none)")
     p.add_argument("--vllm-dtype", default="bfloat16", choices=("float32", "bfloat16"), help="vllm serve's --dtype")
     p.add_argument("--no-oracle", action="store_true",
                    help="skip the transformers arms: only the peers (--llama-cpp, --vllm) run")
@@ -214,14 +218,31 @@ def play_vllm(spec: str, render: Renderer, edits, args, journal: Journal | None,
     from .. import weights
 
     folder = weights.hf_folder(spec.split(":", 1)[1])
+
+    def ask(edit):
+        return question_for(edit.removed, render.text(edit.messages))
+
+    records, described = _serve_vllm(folder, edits, args, journal, ask, log)
+    described["repair_servers"] = {}
+    for window in [int(w) for w in args.vllm_repair.split(",") if w]:
+        arm = vllm_peer.repair_arm(window)
+        arm_journal = Journal(journal.path, f"{journal.label}/{arm}") if journal else None
+        more, described["repair_servers"][arm] = _serve_vllm(
+            folder, edits, args, arm_journal, ask, lambda s, at=arm: log(f"{at}: {s}"), arms={arm: "auto"},
+            auto_config=vllm_peer.repair_config(window), main=False)
+        vllm_peer.merge(records, more)
+    return records, described
+
+
+def _serve_vllm(folder: Path, edits, args, journal: Journal | None, ask, log, **arms) -> tuple[list[dict], dict]:
+    """The edits on one ``vllm serve`` with the plugin, under its arms (:class:`.vllm_peer.VllmPeer`)."""
     ctx = args.max_tokens + 2 * args.turn_tokens + args.greedy_tokens + 512  # the plugin's rendering runs longer
     with tempfile.TemporaryDirectory() as workdir, vllm_peer.VllmPeer(
             folder, Path(workdir), dtype=args.vllm_dtype, max_model_len=ctx, greedy_tokens=args.greedy_tokens,
-            answer_tokens=args.answer_tokens) as peer:
+            answer_tokens=args.answer_tokens, **arms) as peer:
         described = peer.describe()
         log(f"serving: {described['splice']}")
-        records = each_edit(edits, lambda e: peer.record(e, question_for(e.removed, render.text(e.messages))),
-                            journal, _describe_vllm, log)
+        records = each_edit(edits, lambda e: peer.record(e, ask(e)), journal, _describe_vllm, log)
     return records, described
 
 
@@ -229,7 +250,8 @@ def _describe_vllm(n, edit, r) -> str:
     floor = r["modes"].get("floor")
     return (", ".join(f"{m} rows {r['modes'][m]['own']} (here {r['modes'][m]['recomputed']}) of {r['forget_tokens']} "
                       f"greedy {r['modes'][m]['greedy_same']}/{r['modes'][m]['greedy_compared']}"
-                      + (f" ({r['modes'][m]['choice']})" if r["modes"][m]["choice"] else "") for m in vllm_peer.MODES)
+                      + (f" ({r['modes'][m]['choice']})" if r["modes"][m]["choice"] else "")
+                      for m in r["modes"] if m != "floor")
             + (f"; floor {floor['greedy_same']}/{floor['greedy_compared']}" if floor else "")
             + f" ({r['seconds']:.0f} s)")
 

@@ -4,7 +4,7 @@ The transformers arms of ``drift-real`` splice a cache as the connectors splice 
 connector itself. Per edit, one ``vllm serve`` (the checkpoint's Hugging Face folder, the plugin on) is
 driven over HTTP only, through the SDK:
 
-* per mode (``amortize``, ``auto``, ``forget``): a session is created with the unedited history (the rows
+* per arm (``amortize``, ``auto``, ``forget``): a session is created with the unedited history (the rows
   the agent's previous call left), the edit is applied as one message-span directive in that mode, and
   the session's next round is appended and answered with ``greedy_tokens`` greedy tokens
   (``min_tokens`` = ``max_tokens``: the end of generation is not taken, as the transformers arms do);
@@ -13,6 +13,12 @@ driven over HTTP only, through the SDK:
 * the floor: the same completion again with a fresh ``cache_salt``, so vLLM reuses no cached row and
   prefills all of it. Two exact prefills that differ only in which rows came from the prefix cache (so
   in the shapes of their matrix products) agree this often in the run's dtype: the most any mode can.
+
+*repair W* (``--vllm-repair``): each window W on its own ``vllm serve`` whose ``auto`` is set (through
+``LEYLINE_VLLM_AUTO``, :func:`repair_config`) to always amortize with a W-token window: the replacement
+and the W tokens after it computed exactly in the edited context, the rest of the moved run rotated, no
+threshold and no drift budget. That server scores it against its own exact prefill (no floor, no
+questions to vLLM's own completions: the main server asks those once).
 
 At the first token where a mode parts from the reference, the reference's margin there (its top
 log-probability less its second, nats) says whether that was a near-tie.
@@ -36,6 +42,7 @@ from the transformers arms', which render with the model's tool template.
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections import Counter
@@ -54,25 +61,49 @@ from .real_edits import RealEdit
 from .real_modes import agreeing_prefix
 from .removed_content import Question, answers
 
-MODES = ("amortize", "auto", "forget")
+MODES = ("amortize", "auto", "forget")  # the main server's arms, each the SDK mode of its name
 NEAR_TIE = 0.5  # nats between the reference's top two tokens: a margin bf16 rounding can close
 BLOCK = 32  # the server's --block-size: the unit of vLLM's prefix cache
 LABEL = "Leyline on vLLM"
+ARM_ORDER = ("amortize", "repair", "auto", "forget")  # a table's rows: cheapest first, repairs by window
+
+
+def repair_config(window: int) -> dict:
+    """``LEYLINE_VLLM_AUTO`` for a repair arm: ``auto`` always amortizes with a ``window``-token exact window."""
+    return {"signal_window": window, "forget_threshold": 1e9, "repair_threshold": None, "short_tail": 0,
+            "repair_tail": 0, "drift_budget": None}
+
+
+def repair_arm(window: int) -> str:
+    return f"repair {window}"
+
+
+def _arm_key(name: str) -> tuple[int, int]:
+    kind, _, window = name.partition(" ")
+    return ARM_ORDER.index(kind), int(window or 0)
 
 
 class VllmPeer:
-    """One plugin server for a run; ``record(edit)`` measures one edit under every mode."""
+    """One plugin server for a run; ``record(edit)`` measures one edit under each of its arms.
+
+    ``arms``: arm name -> the SDK mode its directive carries (default: :data:`MODES`); ``auto_config``:
+    the server's ``LEYLINE_VLLM_AUTO``; ``main``: also the floor and vLLM's own answers to the question."""
 
     def __init__(self, folder: Path, workdir: Path, *, dtype: str, max_model_len: int, greedy_tokens: int,
-                 answer_tokens: int, kv_gib: int = 4):
+                 answer_tokens: int, kv_gib: int = 4, arms: dict[str, str] | None = None,
+                 auto_config: dict | None = None, main: bool = True):
         from transformers import AutoTokenizer
+        from leyline_vllm.api_server.auto_edits import AUTO_CONFIG_ENV
         from leyline_vllm.api_server.template import ChatRenderer
 
         self.renderer = ChatRenderer(AutoTokenizer.from_pretrained(folder))
         self.greedy_tokens, self.answer_tokens = greedy_tokens, answer_tokens
+        self.arms, self.auto_config, self.main = arms or {m: m for m in MODES}, auto_config, main
+        env = {"VLLM_CPU_KVCACHE_SPACE": str(kv_gib), "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "3600"}
+        if auto_config is not None:
+            env[AUTO_CONFIG_ENV] = json.dumps(auto_config)
         self.server = VllmServer(folder, workdir, plugin=True, dtype=dtype, max_model_len=max_model_len,
-                                 block_size=BLOCK, env={"VLLM_CPU_KVCACHE_SPACE": str(kv_gib),
-                                                     "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "3600"})
+                                 block_size=BLOCK, env=env)
 
     def __enter__(self) -> "VllmPeer":
         self.server.start()
@@ -88,7 +119,7 @@ class VllmPeer:
     def describe(self) -> dict:
         splice = self.http.get("/healthz").json().get("splice")
         return {"cmd": self.server.cmd, "dtype": self.server.dtype, "startup_s": self.server.startup_s,
-                "splice": splice}
+                "splice": splice, "auto_config": self.auto_config}
 
     def record(self, edit: RealEdit, question: Question | None = None) -> dict:
         old, new, turn = edit.history.messages, edit.messages, edit.history.next_turn
@@ -97,25 +128,27 @@ class VllmPeer:
         t0 = time.perf_counter()
         asked = [Message(role="user", content=question.text)] if question else None
         runs = {}
-        for m in MODES:
-            (directive,) = diff_messages(old, new, mode=m)  # what the SDK sends: every edit kind is one span
-            runs[m] = self._mode(m, old, directive, turn, len(new), asked)
+        for arm, mode in self.arms.items():
+            (directive,) = diff_messages(old, new, mode=mode)  # what the SDK sends: every edit kind is one span
+            runs[arm] = self._mode(mode, old, directive, turn, len(new), asked)
         for run in runs.values():
             run["own"] = len(new_ids) - run["rotated"] - first // BLOCK * BLOCK
         exact = self._complete(new + list(turn), self.greedy_tokens, ignore_end=True)
-        cold = self._complete(new + list(turn), self.greedy_tokens, ignore_end=True, salt=uuid.uuid4().hex)
         reference = exact["tokens"]
-        runs["floor"] = {"tokens": cold["tokens"]}
+        if self.main:
+            cold = self._complete(new + list(turn), self.greedy_tokens, ignore_end=True, salt=uuid.uuid4().hex)
+            runs["floor"] = {"tokens": cold["tokens"]}
         for run in runs.values():
             run["greedy_same"], run["greedy_compared"] = agreeing_prefix(reference, run.pop("tokens"), set())
             if run["greedy_same"] < len(reference):
                 run["parting_margin"] = exact["margins"][run["greedy_same"]]
         out = {"session": edit.history.session, "kind": edit.kind, "history_tokens": len(old_ids),
                "edited_tokens": len(new_ids), "forget_tokens": len(new_ids) - first, "modes": runs}
-        replies = {m: runs[m].pop("answer") for m in MODES}
-        if question:
+        replies = {arm: runs[arm].pop("answer") for arm in self.arms}
+        if question and self.main:
             replies["exact"] = self._complete(new + asked, self.answer_tokens)["text"]
             replies["F"] = self._complete(list(old) + asked, self.answer_tokens)["text"]
+        if question:
             out["question"] = {"kind": question.kind, "text": question.text, "answers": list(question.answers),
                                "replies": replies, "answered": {a: answers(question, t) for a, t in replies.items()}}
         return out | {"seconds": time.perf_counter() - t0}
@@ -139,6 +172,7 @@ class VllmPeer:
         auto = outcome.auto
         return {"applied": outcome.applied_mode, "fallback_reason": outcome.fallback_reason, "answer": answer,
                 "recomputed": outcome.recomputed_tokens + (auto.drift_repair_tokens if auto else 0),
+                "repaired": auto.repaired_tokens if auto else 0,
                 "rotated": outcome.rotated_tokens, "reused": outcome.reused_tokens,
                 "choice": auto.choice if auto else None, "reason": auto.reason if auto else None,
                 "layer1_change": auto.layer1_change if auto else None,
@@ -171,12 +205,26 @@ def _text(message: Message) -> str:
     return " ".join([message.content or "", *(c.function.arguments for c in message.tool_calls or [])])
 
 
+def merge(records: list[dict], other: list[dict]) -> None:
+    """Add another server's arms on the same edits (a repair window's) to ``records``, edit by edit."""
+    for r, o in zip(records, other, strict=True):
+        if (r["session"], r["edited_tokens"]) != (o["session"], o["edited_tokens"]):
+            raise ValueError(f"not the same edit: {r['session']} {r['edited_tokens']} vs {o['session']} "
+                             f"{o['edited_tokens']}")
+        r["modes"].update(o["modes"])
+        if r.get("question"):
+            for part in ("replies", "answered"):
+                r["question"][part].update(o["question"][part])
+        r["seconds"] += o["seconds"]
+
+
 def summarise(records: list[dict], describe: dict | None, greedy_tokens: int) -> dict:
     if not records:
         return {"edits": 0}
+    names = sorted((a for a in records[0]["modes"] if a != "floor"), key=_arm_key)
     forget = max(1, sum(r["modes"]["forget"]["own"] for r in records))
     arms = {}
-    for m in MODES:
+    for m in names:
         runs = [r["modes"][m] for r in records]
         margins = [run["parting_margin"] for run in runs if run.get("parting_margin") is not None]
         arms[m] = {"share": sum(run["own"] for run in runs) / forget,
@@ -190,12 +238,12 @@ def summarise(records: list[dict], describe: dict | None, greedy_tokens: int) ->
         arms["floor"] = _agreement([r["modes"]["floor"] for r in records])
     asked = [r["question"] for r in records if r.get("question")]
     removed = {"questions": len(asked), "f_answers": sum(q["answered"]["F"] for q in asked),
-               "answered": {a: sum(q["answered"][a] for q in asked) for a in ("F", "exact", *MODES)},
+               "answered": {a: sum(q["answered"][a] for q in asked) for a in ("F", "exact", *names)},
                "answered_where_f_does": {a: sum(q["answered"][a] for q in asked if q["answered"]["F"])
-                                         for a in ("exact", *MODES)}}
+                                         for a in ("exact", *names)}}
     kinds = sorted({r["kind"] for r in records})
     by_kind = {k: {m: mean([r["modes"][m]["greedy_same"] == r["modes"][m]["greedy_compared"]
-                            for r in records if r["kind"] == k]) for m in MODES} for k in kinds}
+                            for r in records if r["kind"] == k]) for m in names} for k in kinds}
     return {"edits": len(records), "greedy_tokens": greedy_tokens, "server": describe, "arms": arms,
             "by_kind_greedy_identical": by_kind, "removed": removed, "edit_kinds": dict(Counter(r["kind"] for r in records)),
             "seconds_per_edit": mean([r["seconds"] for r in records])}
@@ -212,13 +260,14 @@ def markdown(s: dict | None) -> str:
         return "" if not s or "skipped" not in s else f"{LABEL}: not run ({s['skipped']}).\n\n"
     server = s.get("server") or {}
     splice = server.get("splice") or {}
+    names = [m for m in s["arms"] if m != "floor"]
     rows = [[m, a["share"], a["computed_share"], a["greedy_identical"], a["greedy_prefix_mean"], a["first_token_same"],
              a["parted_on_near_tie"], ", ".join(f"{k} {v}" for k, v in sorted((a["choices"] or a["applied"]).items()))]
             for m, a in s["arms"].items() if m != "floor"]
     if floor := s["arms"].get("floor"):
         rows.append(["floor: vLLM's exact prefill, no cached rows", "–", "–", floor["greedy_identical"],
                      floor["greedy_prefix_mean"], floor["first_token_same"], "–", "–"])
-    kinds = [[k, *[v[m] for m in MODES]] for k, v in s["by_kind_greedy_identical"].items()]
+    kinds = [[k, *[v[m] for m in names]] for k, v in s["by_kind_greedy_identical"].items()]
     return (f"### {LABEL}: the same {s['edits']} edits through the plugin\n\n"
             f"`vllm serve` with the plugin ({server.get('dtype')}, spliced: {splice.get('supported')}, "
             f"{splice.get('kind')}, rotary {splice.get('rotary_dim')}), each mode against vLLM's own "
@@ -230,12 +279,16 @@ def markdown(s: dict | None) -> str:
             "forget). *floor*: the reference's completion again with a fresh `cache_salt` (every row prefilled): "
             "what two exact prefills agree on in this dtype. *parted on a near-tie*: of the replies that part "
             f"from the reference, those where its top two tokens were within {NEAR_TIE:g} nat. "
-            f"{fmt(s['seconds_per_edit'])} s per edit.\n\n"
+            + ("*repair W*: on its own `vllm serve` whose `auto` always amortizes with a W-token exact window "
+               "(`LEYLINE_VLLM_AUTO`: `signal_window` W, `forget_threshold` 1e9, `short_tail` and `repair_tail` 0, "
+               "no drift budget), scored against that server's own exact prefill. "
+               if any(m.startswith("repair") for m in names) else "")
+            + f"{fmt(s['seconds_per_edit'])} s per edit (all servers).\n\n"
             + md_table(["mode", "own rows (share of forget's)", "computed here", "greedy identical",
                         f"greedy agreeing prefix (mean, of {s['greedy_tokens']})", "first token same",
                         "parted on a near-tie", "applied / auto chose"], rows)
             + "\n\nGreedy continuation identical by edit kind (through vLLM):\n\n"
-            + md_table(["kind", *MODES], kinds) + "\n\n" + _removed_markdown(s["removed"]))
+            + md_table(["kind", *names], kinds) + "\n\n" + _removed_markdown(s["removed"]))
 
 
 def _removed_markdown(r: dict) -> str:
