@@ -140,3 +140,17 @@ def test_resume_takes_only_arms_finished_with_the_same_settings(tmp_path):
     assert load_finished(args(tasks=3)) == {} and load_finished(args(resume=False)) == {}
     discard(args())
     assert load_finished(args()) == {}
+
+
+def test_kinds_pick_the_first_held_out_tasks_of_those_kinds_in_both_families():
+    """--kinds: a model that solves only some task kinds gets a table of those (the same seeds per family)."""
+    from leyline_bench.agent.tasks import TASK_KINDS, make_tasks
+
+    picked = make_tasks(3, start=0, kinds=("kv", "calc"))
+    assert [t.family for t in picked] == ["short"] * 3 + ["long"] * 3
+    assert all(t.task.kind in ("kv", "calc") for t in picked)
+    assert [t.task.task_id for t in picked[:3]] == [t.task.task_id for t in picked[3:]]
+    assert [t.task.task_id for t in make_tasks(2)][:2] == ["test-0", "test-1"]  # no kinds: the seeds in order
+    assert "kv" in TASK_KINDS and "calc" in TASK_KINDS
+    with pytest.raises(ValueError, match="unknown task kinds"):
+        make_tasks(1, kinds=("sql",))

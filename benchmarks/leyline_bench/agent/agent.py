@@ -27,7 +27,8 @@ from .engines import DEFAULT_VLLM_MODEL, ENGINES, load_average, make_engine
 from .prompts import SYSTEM_PROMPTS
 from .report import markdown, plot
 from .run import ARMS, run_task
-from .tasks import FAMILIES, LATENCIES, LOG_LINES, make_tasks
+from .tasks import FAMILIES, LATENCIES, LOG_LINES, TASK_KINDS, make_tasks
+from ..common.arguments import comma_list
 from ..common.machine import cpu_model
 from ..common.output import write_results
 from ..common.stats import percentile
@@ -40,6 +41,8 @@ def add_parser(sub) -> None:
     p = sub.add_parser(NAME)
     p.add_argument("--tasks", type=int, default=12, help="held-out tasks per family (the same seeds in each)")
     p.add_argument("--start", type=int, default=0, help="first task seed")
+    p.add_argument("--kinds", type=comma_list(TASK_KINDS), default=[],
+                   help=f"only tasks of these kinds (comma list of {', '.join(TASK_KINDS)}; default: all)")
     p.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS), help="which arms to run")
     p.add_argument("--max-tokens", type=int, default=None,
                    help="tokens per model reply (default: 64 on the runtime, 128 on vLLM)")
@@ -159,14 +162,14 @@ def run_arms(args, tasks, log) -> tuple[dict[str, list[dict]], dict[str, dict], 
 
 def run(args, log=print) -> dict:
     engine_defaults(args)
-    tasks = make_tasks(args.tasks, args.start)
+    tasks = make_tasks(args.tasks, args.start, args.kinds)
     records, servers, engine = run_arms(args, tasks, log)
     summary = {family: {arm: summarize([r for r in recs if r["family"] == family]) for arm, recs in records.items()}
                for family in FAMILIES}
     summary["all"] = {arm: summarize(recs) for arm, recs in records.items()}
     result = {
         "benchmark": NAME, "cpu": cpu_model(),
-        "settings": {"tasks_per_family": args.tasks, "start": args.start, "arms": args.arms,
+        "settings": {"tasks_per_family": args.tasks, "start": args.start, "kinds": args.kinds, "arms": args.arms,
                      "max_tokens": args.max_tokens, "max_calls": args.max_calls, "log_lines": LOG_LINES,
                      "system_prompt": args.system_prompt, "engine": args.engine,
                      "model": args.model if args.engine == "vllm" else "default",

@@ -16,17 +16,20 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 from statistics import NormalDist
 
 from langchain_core.tools import StructuredTool
 
 from leyline_training.tools import execute
+from leyline_training.task_kinds import KINDS
 from leyline_training.transcripts import Task, make_task
 
 FAMILIES = ("short", "long")
 LONG_TOOLS = {"read_file", "search_files", "run_tests"}  # the ones whose output is a file, a log or a list
 LOG_LINES = 60
+TASK_KINDS = tuple(KINDS)  # what a held-out task asks for (kv, calc, tests, ...): --kinds picks some
 
 
 def fit_lognormal(p_under_1s: float = 0.86, p_under_10s: float = 0.95) -> tuple[float, float]:
@@ -106,7 +109,15 @@ class AgentTask:
         return [make(spec) for spec in self.task.tools]
 
 
-def make_tasks(n: int, start: int = 0) -> list[AgentTask]:
-    """``n`` held-out tasks per family, the same seeds in both families."""
-    tasks = [make_task(seed, "test") for seed in range(start, start + n)]
+def make_tasks(n: int, start: int = 0, kinds: Sequence[str] = ()) -> list[AgentTask]:
+    """``n`` held-out tasks per family, the same seeds in both families: the seeds from ``start`` on, or
+    with ``kinds`` the first ``n`` of them whose task is of one of those kinds (a model's solvable ones)."""
+    if kinds and (unknown := set(kinds) - set(TASK_KINDS)):
+        raise ValueError(f"unknown task kinds {sorted(unknown)}; known: {', '.join(TASK_KINDS)}")
+    tasks, seed = [], start
+    while len(tasks) < n:
+        task = make_task(seed, "test")
+        if not kinds or task.kind in kinds:
+            tasks.append(task)
+        seed += 1
     return [AgentTask(t, family) for family in FAMILIES for t in tasks]

@@ -28,7 +28,7 @@ from .floor import prefix_cache_computed, stream_floors
 from .arms import VLLM_BLOCK_SIZE
 from .models import MODELS
 from .policies import POLICIES, make_policy, parameters
-from .traces import comma_list
+from ..common.arguments import comma_list
 from .turns import raw_calls, replay_policy
 
 NAME = "traces_bound"

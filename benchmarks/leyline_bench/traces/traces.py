@@ -22,21 +22,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from ..common.arguments import comma_list
 from .arms import ARMS, VLLM_BLOCK_SIZE
 from .floor import prefix_cache_computed, stream_floors
 from .models import MODELS, check_arms, load_model
 from .policies import POLICIES, make_policy, parameters
 from .turns import raw_calls, replay_policy
-
-
-def comma_list(known: tuple[str, ...]):
-    def parse(text: str) -> list[str]:
-        names = [n.strip() for n in text.split(",") if n.strip()]
-        unknown = [n for n in names if n not in known]
-        if unknown or not names:
-            raise ValueError(f"a comma list of {', '.join(known)}; got {text!r}")
-        return names
-    return parse
 
 
 def add_parser(sub) -> None:
