@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+
 
 def comma_list(known: tuple[str, ...]):
     """An argparse type: a comma list of names, each one of ``known``."""
@@ -9,6 +11,7 @@ def comma_list(known: tuple[str, ...]):
         names = [n.strip() for n in text.split(",") if n.strip()]
         unknown = [n for n in names if n not in known]
         if unknown or not names:
-            raise ValueError(f"a comma list of {', '.join(known)}; got {text!r}")
+            # ArgumentTypeError: argparse shows this message (a ValueError's it replaces by 'invalid value')
+            raise argparse.ArgumentTypeError(f"a comma list of {', '.join(known)}; got {text!r}")
         return names
     return parse
