@@ -79,14 +79,16 @@ def test_engine_defaults_fit_the_served_model():
 
     from leyline_bench.agent.agent import engine_defaults
 
-    runtime = argparse.Namespace(engine="runtime", max_tokens=None, system_prompt=None)
-    vllm = argparse.Namespace(engine="vllm", max_tokens=None, system_prompt=None)
-    given = argparse.Namespace(engine="vllm", max_tokens=32, system_prompt="trained")
+    from leyline_bench.common.vllm_server import real_weights_dtype
+
+    runtime = argparse.Namespace(engine="runtime", max_tokens=None, system_prompt=None, dtype=None)
+    vllm = argparse.Namespace(engine="vllm", max_tokens=None, system_prompt=None, dtype=None)
+    given = argparse.Namespace(engine="vllm", max_tokens=32, system_prompt="trained", dtype="float32")
     for args in (runtime, vllm, given):
         engine_defaults(args)
-    assert (runtime.max_tokens, runtime.system_prompt) == (64, "trained")
-    assert (vllm.max_tokens, vllm.system_prompt) == (128, "call-format")
-    assert (given.max_tokens, given.system_prompt) == (32, "trained")
+    assert (runtime.max_tokens, runtime.system_prompt, runtime.dtype) == (64, "trained", None)
+    assert (vllm.max_tokens, vllm.system_prompt, vllm.dtype) == (128, "call-format", real_weights_dtype())
+    assert (given.max_tokens, given.system_prompt, given.dtype) == (32, "trained", "float32")
 
 
 def test_a_task_the_server_died_under_is_run_again_on_a_restarted_server(monkeypatch):

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from leyline_bench import cli
-from leyline_bench.common import vllm_server
+from leyline_bench.common import cpu, vllm_server
 from leyline_bench.common.vllm_server import CONNECTOR_CONFIG, VllmServer, serve_command
 from leyline_bench.vllm import vllm
 from leyline_bench.vllm.cells import (
@@ -155,3 +155,22 @@ def test_serve_command_names_each_length_and_block_flag_once(monkeypatch, amx):
     assert cmd.count("--block-size") == 1 and cmd[cmd.index("--block-size") + 1] == "64"
     default = serve_command("ckpt", 8000, dtype="float32")
     assert default.count("--block-size") == (1 if amx else 0)
+
+
+@pytest.mark.parametrize("flags, isa, native_bf16", [
+    ("fpu sse2 avx avx2 fma", "AVX2 only", False),
+    ("avx2 avx512f avx512bw", "AVX512, no BF16", False),
+    ("avx2 avx512f avx512_bf16", "AVX512-BF16, no AMX", True),
+    ("avx2 avx512f avx512_bf16 amx_bf16 amx_tile amx_int8", "AMX", True),
+])
+def test_the_cpu_is_named_by_the_extensions_that_decide_its_speed(monkeypatch, flags, isa, native_bf16):
+    """Reports name the ISA beside the model name ("AMD EPYC" is AVX2-only on one machine here and
+    AVX512-BF16 on another), and real weights are served in fp32 where vLLM's CPU build would emulate bf16."""
+    monkeypatch.setattr(cpu, "cpu_flags", lambda: frozenset(flags.split()))
+    assert cpu.cpu_isa() == isa and cpu.has_native_bf16() is native_bf16
+    assert cpu.has_amx() is (isa == "AMX")
+    monkeypatch.setattr(vllm_server, "has_native_bf16", cpu.has_native_bf16)
+    monkeypatch.setattr(vllm_server, "vllm_on_cpu", lambda: True)
+    assert vllm_server.real_weights_dtype() == ("bfloat16" if native_bf16 else "float32")
+    monkeypatch.setattr(vllm_server, "vllm_on_cpu", lambda: False)  # a GPU: bf16 whatever the host CPU
+    assert vllm_server.real_weights_dtype() == "bfloat16"

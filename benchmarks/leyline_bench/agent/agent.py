@@ -29,10 +29,10 @@ from .report import markdown, plot
 from .run import ARMS, run_task
 from .tasks import FAMILIES, LATENCIES, LOG_LINES, TASK_KINDS, make_tasks
 from ..common.arguments import comma_list
-from ..common.machine import cpu_model
+from ..common.cpu import cpu_model, has_amx
 from ..common.output import write_results
 from ..common.stats import percentile
-from ..common.vllm_server import has_amx
+from ..common.vllm_server import real_weights_dtype
 
 NAME = "agent"
 
@@ -52,7 +52,9 @@ def add_parser(sub) -> None:
                         "one server per arm (run with .venv-vllm's python)")
     p.add_argument("--model", default=DEFAULT_VLLM_MODEL,
                    help="--engine vllm: a leyline_bench.weights checkpoint name or a Hugging Face folder")
-    p.add_argument("--dtype", default="bfloat16", help="--engine vllm: the served dtype")
+    p.add_argument("--dtype", default=None, choices=("float32", "bfloat16"),
+                   help="--engine vllm: the served dtype (default: bfloat16, float32 on a CPU without "
+                        "AVX512-BF16 or AMX)")
     p.add_argument("--block-size", type=int, default=32,
                    help="--engine vllm: KV block size (the CPU backends take multiples of 32)")
     p.add_argument("--system-prompt", choices=list(SYSTEM_PROMPTS), default=None,
@@ -118,6 +120,8 @@ def engine_defaults(args) -> None:
         args.max_tokens = 128 if on_vllm else 64  # a real model's answer quotes several values in prose
     if args.system_prompt is None:
         args.system_prompt = "call-format" if on_vllm else "trained"
+    if on_vllm and args.dtype is None:
+        args.dtype = real_weights_dtype()
 
 
 def run_on(served, arm: str, task, args, tries: int = 3) -> dict:

@@ -11,22 +11,15 @@ from pathlib import Path
 
 import torch
 
+from .cpu import cpu_isa, cpu_model
+
 REPO_ROOT = Path(__file__).resolve().parents[3]
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def machine_info() -> dict:
     return {
         "cpu": cpu_model(),
+        "isa": cpu_isa(),
         "cores": os.cpu_count(),
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),

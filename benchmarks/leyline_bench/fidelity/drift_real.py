@@ -36,6 +36,7 @@ from .journal import Journal, each_edit
 from .llama_peer import peer_record, summarise as peer_summary
 from . import vllm_peer
 from ..common.output import write_results
+from ..common.vllm_server import real_weights_dtype
 from .real_case import history_rows, run_edit
 from .real_edits import KINDS, Renderer, select_edits
 from .real_modes import mode_names
@@ -78,7 +79,8 @@ def add_parser(sub) -> None:
     p.add_argument("--vllm-repair", default="", metavar="W,..",
                    help="repair windows also run inside vLLM on the same --vllm edits, each on its own vllm serve "
                         "whose auto always amortizes with a W-token exact window (default: none)")
-    p.add_argument("--vllm-dtype", default="bfloat16", choices=("float32", "bfloat16"), help="vllm serve's --dtype")
+    p.add_argument("--vllm-dtype", default=None, choices=("float32", "bfloat16"),
+                   help="vllm serve's --dtype (default: bfloat16, float32 on a CPU without AVX512-BF16 or AMX)")
     p.add_argument("--no-oracle", action="store_true",
                    help="skip the transformers arms: only the peers (--llama-cpp, --vllm) run")
     p.add_argument("--journal", default=None,
@@ -238,7 +240,7 @@ def _serve_vllm(folder: Path, edits, args, journal: Journal | None, ask, log, **
     """The edits on one ``vllm serve`` with the plugin, under its arms (:class:`.vllm_peer.VllmPeer`)."""
     ctx = args.max_tokens + 2 * args.turn_tokens + args.greedy_tokens + 512  # the plugin's rendering runs longer
     with tempfile.TemporaryDirectory() as workdir, vllm_peer.VllmPeer(
-            folder, Path(workdir), dtype=args.vllm_dtype, max_model_len=ctx, greedy_tokens=args.greedy_tokens,
+            folder, Path(workdir), dtype=args.vllm_dtype or real_weights_dtype(), max_model_len=ctx, greedy_tokens=args.greedy_tokens,
             answer_tokens=args.answer_tokens, **arms) as peer:
         described = peer.describe()
         log(f"serving: {described['splice']}")
