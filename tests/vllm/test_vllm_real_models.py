@@ -10,9 +10,9 @@ template renders the same ids for the plugin and for vLLM's own endpoint. The ed
 tool output, as LangChain's ``ClearToolUsesEdit`` does.
 
 Checked on the 0.5B: spliced with its real rotation; ``forget`` gives vLLM's own greedy tokens and
-logprobs on the edited history; amortize's moved layer-0 rows within bf16 rounding of a fresh
-prefill's (rotary dims; V and the rest as computed; the served dtype's tolerance); mode auto measures the edit. Gemma 3: served, refused
-by name (its GGUF has no chat template: sessions get a clear 4xx).
+logprobs on the edited history; amortize's moved layer-0 rows within the served dtype's rounding of a
+fresh prefill's (rotary dims; V and the rest as computed); mode auto measures the edit. Gemma 3: served,
+refused by name (its GGUF has no chat template: sessions get a clear 4xx).
 """
 
 from __future__ import annotations

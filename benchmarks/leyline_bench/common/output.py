@@ -53,7 +53,8 @@ def md_header(title: str, payload: dict) -> str:
     git = payload["git"]
     commit = (git.get("commit") or "unknown")[:12] + (" (dirty)" if git.get("dirty") else "")
     return (f"# {title}\n\n`{payload['command']}`\n\n"
-            f"Machine: {m['cpu']}{' (' + m['isa'] + ')' if m.get('isa') else ''}, {m['cores']} cores, torch {m['torch']} ({m['threads']} threads)"
+            f"Machine: {m['cpu']}{' (' + m['isa'] + ')' if m.get('isa') else ''}, {m['cores']} cores, "
+            f"torch {m['torch']} ({m['threads']} threads)"
             f"{', GPU ' + m['cuda'] if m.get('cuda') else ', no GPU'}; commit {commit}.\n"
             + _runtime_line(payload.get("runtime")))
 

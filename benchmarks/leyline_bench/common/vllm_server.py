@@ -19,6 +19,7 @@ from pathlib import Path
 import httpx
 
 from .cpu import has_amx, has_native_bf16
+
 SERVED_MODEL_NAME = "leyline-tiny"  # what the tests and benches ask for, whichever checkpoint is served
 # vLLM's CPU build reserves one more core per rank (for NIXL) whenever any KV connector is configured;
 # on a small CPU that leaves none for the scheduler and API processes, and the worker's OMP threads then

@@ -120,6 +120,8 @@ def run(args, log=print) -> dict:
     cfg = AutoConfig() if args.drift_budget is None else replace(AutoConfig(), drift_budget=args.drift_budget)
     windows = [int(w) for w in args.repair_windows.split(",") if w]
     kinds = [k for k in args.kinds.split(",") if k]
+    if args.vllm and args.vllm_dtype is None:
+        args.vllm_dtype = real_weights_dtype()  # resolved once, so the settings record what was served
     sessions = load_sessions(args.split)[:args.sessions]
     models = {}
     for label, spec in _models(args.models):
@@ -240,7 +242,7 @@ def _serve_vllm(folder: Path, edits, args, journal: Journal | None, ask, log, **
     """The edits on one ``vllm serve`` with the plugin, under its arms (:class:`.vllm_peer.VllmPeer`)."""
     ctx = args.max_tokens + 2 * args.turn_tokens + args.greedy_tokens + 512  # the plugin's rendering runs longer
     with tempfile.TemporaryDirectory() as workdir, vllm_peer.VllmPeer(
-            folder, Path(workdir), dtype=args.vllm_dtype or real_weights_dtype(), max_model_len=ctx, greedy_tokens=args.greedy_tokens,
+            folder, Path(workdir), dtype=args.vllm_dtype, max_model_len=ctx, greedy_tokens=args.greedy_tokens,
             answer_tokens=args.answer_tokens, **arms) as peer:
         described = peer.describe()
         log(f"serving: {described['splice']}")
