@@ -15,6 +15,7 @@ from leyline_bench.vllm import vllm
 from leyline_bench.vllm.cells import (
     CELLS,
     parse_cells,
+    rounds_per_stream,
     session_tails,
     shared_prefix,
     spread,
@@ -90,7 +91,12 @@ def test_a_family_shape_mismatch_fails_before_any_checkpoint_or_server(tmp_path)
 def test_quick_shrinks_every_cell_but_keeps_what_was_given():
     args = bench_args("--quick", "--tokens", "1024", "--cells", "shared,tax")
     assert args.tokens == [1024] and args.cells == ["shared", "tax"]
-    assert (args.repeats, args.shared_sessions, args.tax_repeats) == (1, 2, 1)
+    assert (args.repeats, args.shared_sessions, args.tax_repeats, args.tax_requests) == (1, 2, 1, 16)
+
+
+def test_every_tax_measurement_sends_as_many_requests_at_one_stream_as_at_sixteen():
+    assert [rounds_per_stream(64, n) * n for n in (1, 16)] == [64, 64]
+    assert rounds_per_stream(10, 16) == 1 and rounds_per_stream(17, 16) == 2
 
 
 def test_tax_arms_alternate_and_each_goes_first_equally_often():

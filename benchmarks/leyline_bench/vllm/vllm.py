@@ -75,13 +75,16 @@ def add_parser(sub) -> None:
     p.add_argument("--shared-tokens", type=int, default=1536, help="their common prefix (system prompt + tools)")
     p.add_argument("--tax-repeats", type=int, default=3, help="paired plain/plugin repeats of the tax cell")
     p.add_argument("--tax-tokens", type=int, default=64, help="tokens generated per request in the tax cell")
+    p.add_argument("--tax-requests", type=int, default=64,
+                   help="requests per tax measurement, split evenly over its streams (1 stream sends them in turn)")
     p.add_argument("--block-size", type=int, default=None,
                    help="vLLM's KV block size for the served cells (CPU: a multiple of 32; default: vLLM's, 32 "
                         "with AMX); rows are claimed in whole blocks, so it sets how much around an edit is "
                         "computed again. Plain resend and Leyline arms share the server, so both get it")
     p.add_argument("--workdir", default=None, help="checkpoints + server logs (default: a temp folder)")
     p.set_defaults(run=run, quick_overrides={"tokens": [512], "repeats": 1, "trace_limit": 1, "max_turns": 3,
-                                             "shared_sessions": 2, "shared_tokens": 256, "tax_repeats": 1})
+                                             "shared_sessions": 2, "shared_tokens": 256, "tax_repeats": 1,
+                                             "tax_requests": 16})
 
 
 def run(args) -> dict:
@@ -97,7 +100,8 @@ def run(args) -> dict:
     if served:
         result.update(_served_cells(args, checkpoint, workdir, served))
     if "tax" in args.cells:
-        result["tax"] = tax_cell(checkpoint, workdir / "tax", repeats=args.tax_repeats, tokens=args.tax_tokens)
+        result["tax"] = tax_cell(checkpoint, workdir / "tax", repeats=args.tax_repeats, tokens=args.tax_tokens,
+                                 requests=args.tax_requests)
     result["load_average_after"] = _load_average()
     payload = write_results(args.out, "vllm", result, "Leyline on vLLM", _markdown(result))
     _plot(Path(args.out), result)
