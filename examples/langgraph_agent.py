@@ -43,11 +43,16 @@ from typing import Any
 
 
 from langchain.agents import create_agent
-from langchain.agents.middleware import AgentMiddleware, ClearToolUsesEdit, ContextEditingMiddleware
+from langchain.agents.middleware import (
+    AgentMiddleware,
+    ClearToolUsesEdit,
+    ContextEditingMiddleware,
+    ModelCallLimitMiddleware,
+)
+from langchain.agents.middleware.model_call_limit import ModelCallLimitExceededError
 from langchain_core.messages import AIMessage, RemoveMessage, ToolMessage
 from langchain_core.tools import ToolException, tool
 from langgraph.checkpoint.memory import InMemorySaver
-from langgraph.errors import GraphRecursionError
 
 from leyline_langchain import ChatLeyline
 from leyline_sdk import AsyncLeylineClient, CallStats, LeylineMemory, Message
@@ -55,7 +60,8 @@ from leyline_sdk import AsyncLeylineClient, CallStats, LeylineMemory, Message
 WORKDIR = Path(tempfile.mkdtemp(prefix="leyline-agent-"))
 TRUNCATE_LINES = 6  # a long tool output is cut to this many lines ...
 KEEP_FULL = 2  # ... once this many newer outputs follow it
-MAX_CALLS = 15  # model calls per run (LangGraph's recursion limit counts two steps per call)
+MAX_CALLS = 15  # model calls per run, counted by ModelCallLimitMiddleware
+GRAPH_STEPS = 8 * MAX_CALLS  # LangGraph's recursion limit counts steps (each middleware hook is one): a backstop
 
 # --- tools ---------------------------------------------------------------------------------
 
@@ -254,6 +260,7 @@ async def run(args: argparse.Namespace) -> Report:
         tools=[calculator, read_file],
         system_prompt="You are an order assistant. Use read_file and calculator; answer with the total.",
         middleware=[
+            ModelCallLimitMiddleware(run_limit=MAX_CALLS, exit_behavior="error"),
             scripted,
             HistoryEditor(),
             ContextEditingMiddleware(edits=[ClearToolUsesEdit(trigger=args.clear_trigger, keep=3)]),
@@ -263,8 +270,8 @@ async def run(args: argparse.Namespace) -> Report:
     config = {"configurable": {"thread_id": "order-42"}}
     task = "What does order #42 in prices.csv cost with the discount and shipping from the config?"
     try:
-        await agent.ainvoke({"messages": [("user", task)]}, {**config, "recursion_limit": 2 * MAX_CALLS + 1})
-    except GraphRecursionError:
+        await agent.ainvoke({"messages": [("user", task)]}, {**config, "recursion_limit": GRAPH_STEPS})
+    except ModelCallLimitExceededError:
         print(f"\nthe agent did not finish within {MAX_CALLS} model calls")
     messages = (await agent.aget_state(config)).values["messages"]
 

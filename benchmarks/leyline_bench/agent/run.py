@@ -14,10 +14,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from langchain.agents import create_agent
-from langchain.agents.middleware import AgentMiddleware, ClearToolUsesEdit, ContextEditingMiddleware
+from langchain.agents.middleware import (
+    AgentMiddleware,
+    ClearToolUsesEdit,
+    ContextEditingMiddleware,
+    ModelCallLimitMiddleware,
+)
+from langchain.agents.middleware.model_call_limit import ModelCallLimitExceededError
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.messages import AIMessage, ToolMessage
-from langgraph.errors import GraphRecursionError
 
 from leyline_langchain import ChatLeyline
 from leyline_sdk import LeylineClient, LeylineMemory
@@ -27,6 +32,7 @@ from .tasks import AgentTask
 TRUNCATE_LINES = 10  # the ten-line rule: an old tool output keeps its first ten lines
 CLEAR_TRIGGER_TOKENS = 2500  # ClearToolUsesEdit: clear old tool outputs past this many (approximate) tokens
 CLEAR_KEEP = 2  # ... keeping the newest two
+GRAPH_STEPS_PER_CALL = 8  # graph steps one model call may take (model, tools, the middlewares' hooks): ample
 
 
 @dataclass(frozen=True)
@@ -125,25 +131,39 @@ def is_overflow(exc: Exception) -> bool:
     return any(w in text for w in ("context", "max_position", "too long", "exceeds", "positions"))
 
 
+def call_limited_agent(model, tools: list, middleware: list[AgentMiddleware], system_prompt: str, max_calls: int):
+    """The agent, stopped (``ModelCallLimitExceededError``) when it asks for model call ``max_calls + 1``.
+
+    The limit counts model calls, not graph steps: every middleware hook is a step of its own, so a
+    recursion limit alone would give the arms that edit fewer model calls than append-only."""
+    limit = ModelCallLimitMiddleware(run_limit=max_calls, exit_behavior="error")
+    return create_agent(model=model, tools=tools, middleware=[limit, *middleware], system_prompt=system_prompt)
+
+
+def graph_step_limit(max_calls: int) -> int:
+    """LangGraph's recursion limit for a run of ``max_calls`` model calls: never the one that stops it."""
+    return GRAPH_STEPS_PER_CALL * (max_calls + 1)
+
+
 def run_task(base_url: str, arm: Arm, task: AgentTask, latency, max_tokens: int, max_calls: int,
              system_prompt: str) -> TaskResult:
     result = TaskResult(task.task_id, task.family, task.task.kind)
     memory = LeylineMemory(LeylineClient(base_url, timeout=600), policy=arm.policy)
     model, middleware = leyline_agent_model(memory, edit_middleware() if arm.edits else [], max_tokens)
-    agent = create_agent(model=model, tools=task.tools(result.tool_waits_s, latency.sampler(task.task_id)),
-                         middleware=middleware, system_prompt=system_prompt)
+    agent = call_limited_agent(model, task.tools(result.tool_waits_s, latency.sampler(task.task_id)),
+                               middleware, system_prompt, max_calls)
     thread = f"{arm.name}-{task.task_id}"
     timer = ModelTimer()
     t0 = time.perf_counter()
     try:
         state = agent.invoke({"messages": [("user", task.question)]},
                              {"configurable": {"thread_id": thread}, "callbacks": [timer],
-                              "recursion_limit": 2 * max_calls + 1})
+                              "recursion_limit": graph_step_limit(max_calls)})
         last = state["messages"][-1]
         if isinstance(last, AIMessage) and not last.tool_calls:
             result.answer, result.finished = last.text, True
             result.solved = task.task.check(last.text)
-    except GraphRecursionError:
+    except ModelCallLimitExceededError:
         result.error = "call limit"
     except Exception as exc:  # noqa: BLE001 -- a failed request fails the task; it is counted, not raised
         result.overflow = is_overflow(exc)
