@@ -76,7 +76,7 @@ class Run:
 
     def __post_init__(self) -> None:
         from langchain.agents import create_agent
-        from langchain.agents.middleware import ClearToolUsesEdit, ContextEditingMiddleware
+        from langchain.agents.middleware import ClearToolUsesEdit, ContextEditingMiddleware, ModelCallLimitMiddleware
         from langgraph.checkpoint.memory import InMemorySaver
 
         from leyline_langchain import ChatLeyline
@@ -86,14 +86,15 @@ class Run:
         self.agent = create_agent(
             model=ChatLeyline.from_memory(self.memory, max_tokens=MAX_TOKENS), tools=[ex.calculator, ex.read_file],
             system_prompt="You are an order assistant. Use read_file and calculator; answer with the total.",
-            middleware=[ex.ScriptedDecisions(), ex.HistoryEditor(),
+            middleware=[ModelCallLimitMiddleware(run_limit=ex.MAX_CALLS, exit_behavior="error"),
+                        ex.ScriptedDecisions(), ex.HistoryEditor(),
                         ContextEditingMiddleware(edits=[ClearToolUsesEdit(trigger=200, keep=3)])],
             checkpointer=InMemorySaver())
 
     async def turn(self, turn: int) -> None:
         """Every thread, one after the other (greedy answers compared token for token: no batching)."""
         for i, thread in enumerate(THREADS):
-            config = {"configurable": {"thread_id": thread}, "recursion_limit": 2 * self.example.MAX_CALLS + 1}
+            config = {"configurable": {"thread_id": thread}, "recursion_limit": self.example.GRAPH_STEPS}
             before = len(self.memory.calls(thread))
             started = time.perf_counter()
             await self.agent.ainvoke({"messages": [("user", TASKS[turn].format(n=40 + i))]}, config)
