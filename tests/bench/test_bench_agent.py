@@ -133,13 +133,14 @@ def test_resume_takes_only_arms_finished_with_the_same_settings(tmp_path):
 
     def args(**changes):
         base = {"out": str(tmp_path), "resume": True, "engine": "vllm", "model": "m", "dtype": "bfloat16",
-                "block_size": 32, "tasks": 2, "start": 0, "max_tokens": 128, "max_calls": 8,
+                "block_size": 32, "tasks": 2, "start": 0, "kinds": ["kv"], "max_tokens": 128, "max_calls": 8,
                 "system_prompt": "call-format"}
         return argparse.Namespace(**{**base, **changes})
 
     save_finished(args(), {"append": {"records": [{"solved": True}], "server": {}}})
     assert set(load_finished(args())) == {"append"}
     assert load_finished(args(tasks=3)) == {} and load_finished(args(resume=False)) == {}
+    assert load_finished(args(kinds=["kv", "calc"])) == {}  # other tasks: nothing to take
     discard(args())
     assert load_finished(args()) == {}
 

@@ -12,7 +12,7 @@ import gzip
 import json
 from pathlib import Path
 
-SETTINGS_KEYS = ("engine", "model", "dtype", "block_size", "tasks", "start", "max_tokens", "max_calls",
+SETTINGS_KEYS = ("engine", "model", "dtype", "block_size", "tasks", "start", "kinds", "max_tokens", "max_calls",
                  "system_prompt")
 
 
