@@ -61,7 +61,9 @@ def intro(result: dict) -> list[str]:
     how = (f"Engine: {engine['description']}. Agent system prompt: `{s['system_prompt']}` "
            f"(leyline_bench.agent.prompts); {s['max_tokens']} tokens per reply, {s['max_calls']} model calls "
            "per task.")
-    tasks = (f"{s['tasks_per_family']} held-out tasks per family (seeds {s['start']}..), families: short (the tasks "
+    which = (f"the first from seed {s['start']} of kinds {', '.join(s['kinds'])}" if s.get("kinds")
+             else f"seeds {s['start']}..")
+    tasks = (f"{s['tasks_per_family']} held-out tasks per family ({which}), families: short (the tasks "
              f"as trained) and long (file, search and test outputs followed by a {s['log_lines']}-line log tail). "
              f"Tool latency 'sampled': lognormal, mu {lat['mu']:.3f}, sigma {lat['sigma']:.3f} (ln seconds; "
              f"median {lat['median_s']:.3f} s, mean {lat['mean_s']:.1f} s), fitted to 86% of gaps < 1 s and 95% "
