@@ -1,4 +1,4 @@
-"""The agent bench's call limit: every arm gets the same number of model calls."""
+"""The agent bench's stopping rules: every arm gets the same number of model calls; an overflow is named."""
 
 from __future__ import annotations
 
@@ -39,3 +39,12 @@ def test_every_arm_gets_max_calls_model_calls_then_stops(edits):
     with pytest.raises(ModelCallLimitExceededError):
         agent.invoke({"messages": [("user", "What failed?")]}, {"recursion_limit": graph_step_limit(5)})
     assert next(replies).tool_calls[0]["id"] == "c5"  # five replies taken, the sixth call refused
+
+
+def test_a_history_over_the_served_limit_counts_as_an_overflow():
+    from leyline_sdk.errors import CapacityExceeded
+
+    from leyline_bench.agent.run import is_overflow
+
+    assert is_overflow(CapacityExceeded("the history has 4537 tokens; the model takes 4096"))
+    assert not is_overflow(RuntimeError("connection reset"))

@@ -127,8 +127,8 @@ class TaskResult:
 
 
 def is_overflow(exc: Exception) -> bool:
-    text = str(exc).lower()
-    return any(w in text for w in ("context", "max_position", "too long", "exceeds", "positions"))
+    text = f"{type(exc).__name__} {exc}".lower()  # the SDK's CapacityExceeded: "the model takes 4096"
+    return any(w in text for w in ("context", "max_position", "too long", "exceeds", "positions", "capacity"))
 
 
 def call_limited_agent(model, tools: list, middleware: list[AgentMiddleware], system_prompt: str, max_calls: int):
