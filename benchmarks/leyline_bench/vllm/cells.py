@@ -8,9 +8,9 @@ the plugin costs requests that use none of it; with the HTTP helpers every cell 
 * ``tax``: plain ``vllm serve`` (no plugin loaded) against the same server with the plugin, same
   checkpoint, chat requests without Leyline parameters, ``tokens`` generated per request at 1 and
   16 concurrent streams; every measurement sends the same number of requests (``requests``, split
-  evenly over the streams), so one stream is measured over as much work as sixteen. Both servers are started once, one at a time; the one not measured is
-  stopped with SIGSTOP (no CPU), and the arms alternate A/B, B/A, ... per repeat so drift on a
-  shared machine falls on both. Median and spread of tokens/s per arm, and the paired ratios.
+  evenly over the streams), so one stream is measured over as much work as sixteen. Both servers are
+  started once, one at a time; the one not measured is stopped with SIGSTOP (no CPU), and the arms
+  alternate A/B, B/A, ... per repeat so drift on a shared machine falls on both. Median and spread of tokens/s per arm, and the paired ratios.
 """
 
 from __future__ import annotations
@@ -210,11 +210,12 @@ def tax_cell(model: Path, workdir: Path, *, repeats: int, tokens: int = 64, requ
         plain = [s["tokens_per_s"] for s in runs["plain"][n]]
         plugin = [s["tokens_per_s"] for s in runs["plugin"][n]]
         ratios = [b / a for a, b in zip(plain, plugin)]
-        walls = [m["wall_s"] for m in runs["plain"][n] + runs["plugin"][n]]
+        measured = runs["plain"][n] + runs["plugin"][n]
         out["streams"][str(n)] = {"plain": spread(plain), "plugin": spread(plugin), "plugin_over_plain": spread(ratios),
                                   "tax": 1 - statistics.median(ratios),
-                                  "rounds_per_stream": rounds_per_stream(requests, n), "wall_s": spread(walls),
-                                  "resent": sum(m["resent"] for m in runs["plain"][n] + runs["plugin"][n])}
+                                  "rounds_per_stream": rounds_per_stream(requests, n),
+                                  "wall_s": spread([m["wall_s"] for m in measured]),
+                                  "resent": sum(m["resent"] for m in measured)}
     return out
 
 
