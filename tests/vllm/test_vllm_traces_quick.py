@@ -59,5 +59,5 @@ def test_quick_traces_report(tmp_path):
     assert "`leyline-bench traces --quick" in markdown and "## tiny-qwen3" in markdown and "## runtime" in markdown
     assert "## Targets" in markdown and "## Claude Code cache breaks" in markdown
     assert "| langchain_clear | leyline_amortize |" in markdown
-    for png in ("traces_per_turn.png", "traces_over_floor.png", "traces_ttft_p50.png"):
+    for png in ("traces_per_turn_langchain_clear.png", "traces_over_floor.png", "traces_ttft_p50.png"):
         assert (out / png).stat().st_size > 0

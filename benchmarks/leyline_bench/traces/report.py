@@ -154,19 +154,18 @@ def plot(out: Path, result: dict, samples: dict) -> None:
     if not samples:
         return
     model = next(iter(result["models"]))
-    policies_run = [k.split("/")[1] for k in samples]
-    policy = TARGET_POLICY if TARGET_POLICY in policies_run else policies_run[0]
-    keys = [k for k in samples if k.startswith(f"{model}/{policy}/")]
-    if keys:
-        longest = max(result["sessions"], key=lambda s: s["calls"])["instance_id"]
+    longest = max(result["sessions"], key=lambda s: s["calls"])["instance_id"]
+    # One chart per policy: where a policy edits, and how much each arm pays there, differs per policy.
+    for policy in dict.fromkeys(k.split("/")[1] for k in samples if k.startswith(f"{model}/")):
         series, xs = {}, []
-        for key in keys:
+        for key in (k for k in samples if k.startswith(f"{model}/{policy}/")):
             turns = [t for t in samples[key] if t["session"] == longest]
             xs = [t["turn"] + 1 for t in turns]
             series[key.split("/")[2]] = [t["computed"] for t in turns]
             series["floor"] = [t["floor"] for t in turns]
-        lines(out / "traces_per_turn.png", f"{longest}, {policy}, {model}: prompt tokens computed per call", xs,
-              series, "model call", "tokens computed")
+        lines(out / f"traces_per_turn_{policy}.png",
+              f"{policy}, {model}\n{longest}: prompt tokens computed per call", xs, series, "model call",
+              "tokens computed")
     rows = [s for s in result["summary"] if s["model"] == model]
     policies = list(dict.fromkeys(s["policy"] for s in rows))
     arms = list(dict.fromkeys(s["arm"] for s in rows))
