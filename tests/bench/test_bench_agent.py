@@ -30,6 +30,7 @@ def test_wilson_and_ties():
     assert compare(by_arm, "a", "b") == "a > b" and compare(by_arm, "a", "c") == "tie"
 
 
+@pytest.mark.slow  # every arm on the runtime (~20 s on 2 cores): make test-slow; test-vllm runs the vLLM twin
 def test_quick_run_writes_every_arm(tmp_path):
     assert main(["agent", "--quick", "--threads", "1", "--out", str(tmp_path)]) == 0
     payload = json.loads((tmp_path / "agent.json").read_text())

@@ -94,6 +94,7 @@ def test_suffix_logits_equal_a_plain_forward_on_an_honest_prefill(rt):
     assert jsd_rows(want, got).max().item() <= 1e-8
 
 
+@pytest.mark.slow  # every policy arm on a session (~11 s on 2 cores): make test-slow
 def test_policy_arms_on_a_two_edit_session(rt):
     h = agent_history(long_output_lines=40)
     clear = Directive(span=Span(start=5, end=6), replacement=[h[5].model_copy(update={"content": "[cleared]"})])

@@ -71,6 +71,7 @@ def test_prefill(tmp_path):
     assert cell["speedup_vs_peer"] == cell["median_s"]["peer"] / cell["median_s"]["leyline"]
 
 
+@pytest.mark.slow  # the GEMM bench on every backend (~15 s on 2 cores): make test-slow
 def test_gemm(tmp_path):
     p = run_bench(tmp_path, "gemm")
     assert [c["rows"] for c in p["cells"]] == [1, 16]
@@ -141,6 +142,7 @@ def test_replay(tmp_path):
     assert p["evictions"] == 0
 
 
+@pytest.mark.slow  # the serve bench end to end (~12 s on 2 cores): make test-slow
 def test_serve(tmp_path):
     pytest.importorskip("uvicorn")
     p = run_bench(tmp_path, "serve")
@@ -160,6 +162,7 @@ def test_serve(tmp_path):
         assert 0 < engine["busy_share"]
 
 
+@pytest.mark.slow  # the chaos bench end to end (~13 s on 2 cores): make test-slow
 def test_chaos(tmp_path):
     p = run_bench(tmp_path, "chaos")
     assert p["server_errors"] == 0 and p["valid_failed"] == 0 and p["healthy_after"]

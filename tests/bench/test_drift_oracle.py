@@ -47,6 +47,7 @@ def test_splice_matches_a_fresh_prefill_at_layer0_and_controls_fail(model):
     assert (wrong[..., rot] - want[..., rot]).abs().max() > 0.05 * scale
 
 
+@pytest.mark.slow  # drift --quick on two models (~12 s on 2 cores): make test-slow
 def test_quick_run_scores_every_policy_on_mla_and_gqa(tmp_path):
     p = run_bench(tmp_path, "drift")
     assert set(p["models"]) == {"mla-default", "random-llama"}

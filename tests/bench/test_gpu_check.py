@@ -29,6 +29,7 @@ def dry_run(tmp_path_factory):
     return proc, out
 
 
+@pytest.mark.slow  # the whole device script on the CPU (~35 s on 2 cores): make test-slow
 def test_dry_run_passes_and_says_no_gpu_was_used(dry_run):
     proc, out = dry_run
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -38,6 +39,7 @@ def test_dry_run_passes_and_says_no_gpu_was_used(dry_run):
     assert not (out / "gpu-check.json").exists()  # a dry run never stands in for a GPU report
 
 
+@pytest.mark.slow  # shares the dry run above
 def test_dry_run_report_fields(dry_run):
     _, out = dry_run
     report = json.loads((out / "gpu-check-dry-run.json").read_text())

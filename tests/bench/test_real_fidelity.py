@@ -156,6 +156,7 @@ def test_questions_only_ask_for_values_the_edit_removed():
     assert question_for([("ls", "<output>\nab\n</output>")], "") is None
 
 
+@pytest.mark.slow  # drift-real --quick, every mode (~15 s on 2 cores): make test-slow
 def test_quick_run_reports_every_mode_and_forget_is_exact(tmp_path):
     out = tmp_path / "out"
     assert main(["drift-real", "--quick", "--threads", "1", "--sessions", "30", "--max-tokens", "3000",
@@ -173,6 +174,7 @@ def test_quick_run_reports_every_mode_and_forget_is_exact(tmp_path):
     assert s["removed"]["arms"]["exact"]["logprob_gain_median"] == 0
 
 
+@pytest.mark.slow  # two drift-real runs (~20 s on 2 cores): make test-slow
 def test_a_journal_resumes_a_cut_run_without_playing_its_edits_again(tmp_path):
     """A run cut after two edits, resumed from its journal, reports what one uninterrupted run reports."""
     common = ["drift-real", "--quick", "--threads", "1", "--sessions", "30", "--max-tokens", "3000", "--fp32-floor", "0"]

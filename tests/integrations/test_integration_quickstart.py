@@ -10,11 +10,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from served_runtime import API_KEY, serving
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow  # a server and two runs of the example (~17 s on 2 cores): make test-slow
 def test_the_langgraph_quickstart_edits_through_directives_and_names_a_rerun(tmp_path):
     args = ["--max-cache-tokens", "8192", "--api-key", API_KEY, "--threads", "1", "--log-level", "warning"]
     with serving(args, tmp_path / "serve.log") as url:

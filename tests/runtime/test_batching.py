@@ -302,6 +302,7 @@ def test_prefill_cuts_depend_on_the_batch_only_outside_invariant_mode(invariant)
         assert cuts(0) == [1300] and cuts(15) == [497, 497, 306]
 
 
+@pytest.mark.slow  # a long prefill beside decodes, twice (~16 s on 2 cores): make test-slow
 def test_batch_invariant_long_prefill_beside_decoding_sessions_equals_alone(rt_invariant, monkeypatch):
     """A history of ~1.7k tokens prefilled while 8 sessions decode is cut and computed as when alone,
     and the decoding sessions' steps, hundreds of rows wide while it runs, as theirs alone."""

@@ -184,6 +184,7 @@ def budget_replies(client, budget: int, seeds: range) -> list[tuple[str, dict]]:
     return out
 
 
+@pytest.mark.slow  # many constrained replies (~23 s on 2 cores): make test-slow
 def test_structured_replies_are_closed_before_the_budget_ends(client):
     validator = jsonschema_rs.validator_for(JOKE)
     for budget in (40, 64):
@@ -194,6 +195,7 @@ def test_structured_replies_are_closed_before_the_budget_ends(client):
         assert any(finish == "length" for finish, _ in replies)  # the budget did run out: closed, not cut
 
 
+@pytest.mark.slow  # the pair of the test above: make test-slow
 def test_without_closing_the_same_replies_are_cut(client, monkeypatch):
     """Negative control: the grammar without the budget leaves half a JSON value."""
     original = GrammarCompiler.processor

@@ -153,6 +153,7 @@ def test_a_slow_client_gets_408_and_others_are_served(server):
     assert 0.9 <= waited < 10, waited
 
 
+@pytest.mark.slow  # two server starts (~17 s on 2 cores): make test-slow
 def test_state_dir_survives_a_restart(tmp_path):
     state = tmp_path / "state"
     first = Server(tmp_path / "first.log", "--state-dir", str(state))

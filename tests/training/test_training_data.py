@@ -598,6 +598,7 @@ def test_script_call_probe_scores_a_copied_name(tok):
     assert wrong["exact"] == 0.0 and wrong["first_character"] == 0.0
 
 
+@pytest.mark.slow  # a training step and an evaluation (~17 s on 2 cores): make test-slow
 def test_the_training_command_line_trains_and_evaluates(tmp_path):
     """``leyline-train train`` / ``evaluate`` (run as ``python -m leyline_training``, what the
     console script calls): one step from the default model, then an evaluation of the result."""
