@@ -130,7 +130,7 @@ def test_a_task_the_server_died_under_is_run_again_on_a_restarted_server(monkeyp
 def test_resume_takes_only_arms_finished_with_the_same_settings(tmp_path):
     import argparse
 
-    from leyline_bench.agent.checkpoint import discard, load_finished, save_finished
+    from leyline_bench.agent.checkpoint import load_finished, save_finished
 
     def args(**changes):
         base = {"out": str(tmp_path), "resume": True, "engine": "vllm", "model": "m", "dtype": "bfloat16",
@@ -142,8 +142,6 @@ def test_resume_takes_only_arms_finished_with_the_same_settings(tmp_path):
     assert set(load_finished(args())) == {"append"}
     assert load_finished(args(tasks=3)) == {} and load_finished(args(resume=False)) == {}
     assert load_finished(args(kinds=["kv", "calc"])) == {}  # other tasks: nothing to take
-    discard(args())
-    assert load_finished(args()) == {}
 
 
 def test_kinds_pick_the_first_held_out_tasks_of_those_kinds_in_both_families():

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from leyline_sdk.errors import APIConnectionError
 
-from .checkpoint import checkpoint_path, discard, load_finished, save_finished
+from .checkpoint import checkpoint_path, load_finished, save_finished
 from .engines import DEFAULT_VLLM_MODEL, ENGINES, load_average, make_engine
 from .prompts import SYSTEM_PROMPTS
 from .report import markdown, plot
@@ -183,10 +183,8 @@ def run(args, log=print) -> dict:
         "summary": summary, "targets": targets(summary),
     }
     plot(Path(args.out) / "agent.png", summary)
-    payload = write_results(args.out, NAME, result, "Agent runs end to end", markdown(result),
-                            samples={"records": records})
-    discard(args)  # written: the finished arms are in the samples file now
-    return payload
+    return write_results(args.out, NAME, result, "Agent runs end to end", markdown(result),
+                         samples={"records": records})
 
 
 def targets(summary: dict) -> dict:

@@ -1,11 +1,11 @@
-"""Finished arms of an agent run, kept on disk until the run is written, so ``--resume`` can skip them.
+"""Finished arms of an agent run, kept on disk so ``--resume`` can skip them.
 
 A real model's arm takes tens of minutes on a small CPU; a run that dies in its third arm keeps
-the first two. The file (``<out>/agent.partial.samples.json.gz``, ignored by git like every raw
-samples file) holds each finished arm's records and server report, keyed by the settings that
-decide them; ``--resume`` takes an arm from it only when those settings are the same.
+the first two, and a finished run can be given another arm without running the others again. The
+file (``<out>/agent.partial.samples.json.gz``, ignored by git like every raw samples file) holds
+each finished arm's records and server report, keyed by the settings that decide them; ``--resume``
+takes an arm from it only when those settings are the same.
 """
-
 from __future__ import annotations
 
 import gzip
@@ -38,6 +38,3 @@ def save_finished(args, arms: dict[str, dict]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(gzip.compress(json.dumps({"settings": settings_key(args), "arms": arms}).encode()))
 
-
-def discard(args) -> None:
-    checkpoint_path(args.out).unlink(missing_ok=True)
