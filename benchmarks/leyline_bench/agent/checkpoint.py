@@ -6,6 +6,7 @@ file (``<out>/agent.partial.samples.json.gz``, ignored by git like every raw sam
 each finished arm's records and server report, keyed by the settings that decide them; ``--resume``
 takes an arm from it only when those settings are the same.
 """
+
 from __future__ import annotations
 
 import gzip
