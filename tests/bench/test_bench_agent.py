@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 
 import pytest
@@ -46,6 +47,9 @@ def test_quick_run_writes_every_arm(tmp_path):
     long = payload["summary"]["long"]
     assert long["append"]["overflows"] == 1
     assert long["edits-amortize"]["overflows"] == 0 and long["edits-amortize"]["modes"].get("amortize", 0) >= 1
+    # The finished arms stay in the checkpoint after the run is written: a later --resume can add an arm.
+    saved = json.loads(gzip.decompress((tmp_path / "agent.partial.samples.json.gz").read_bytes()))
+    assert set(saved["arms"]) == {"append", "edits-amortize"}
 
 
 def test_the_call_format_prompt_shows_a_call_the_servers_parse():

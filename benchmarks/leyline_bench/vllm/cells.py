@@ -10,7 +10,8 @@ the plugin costs requests that use none of it; with the HTTP helpers every cell 
   16 concurrent streams; every measurement sends the same number of requests (``requests``, split
   evenly over the streams), so one stream is measured over as much work as sixteen. Both servers are
   started once, one at a time; the one not measured is stopped with SIGSTOP (no CPU), and the arms
-  alternate A/B, B/A, ... per repeat so drift on a shared machine falls on both. Median and spread of tokens/s per arm, and the paired ratios.
+  alternate A/B, B/A, ... per repeat so drift on a shared machine falls on both. Median and spread
+  of tokens/s per arm, and the paired ratios.
 """
 
 from __future__ import annotations
