@@ -126,7 +126,7 @@ def bad_spans_change_nothing(c: Client) -> None:
     assert snapshot(c, sid) == before
 
 
-def invalid_bodies_and_ids_are_422_validation_errors(c: Client) -> None:
+def invalid_bodies_are_422_and_unparseable_ones_400(c: Client) -> None:
     too_many = [{"span": {"start": 0, "end": 0}, "replacement": [user("x")]}] * (MAX_DIRECTIVES + 1)
     for method, path, body in [
         ("post", "/sessions", {"messages": [{"role": "wizard", "content": "x"}]}),
@@ -144,8 +144,12 @@ def invalid_bodies_and_ids_are_422_validation_errors(c: Client) -> None:
     ]:
         r = c.get(path) if method == "get" else c.post(path, json=body)
         assert_error(r, 422, "validation_error")
-    r = c.post("/sessions", content=b"{not json", headers={"Content-Type": "application/json"})
-    assert_error(r, 422, "validation_error")
+    # a body that is not JSON, or none at all: 400 invalid_body on every body route, saying what is wrong
+    for path in ("/sessions", "/sessions/x/messages", "/sessions/x/generate", "/directives"):
+        for content in (b"{not json", b""):
+            r = c.post(path, content=content, headers={"Content-Type": "application/json"})
+            error = assert_error(r, 400, "invalid_body")
+            assert error["message"].startswith("the body "), error
 
 
 # --- POST /v1/chat/completions bound to a session ------------------------------------------------
@@ -370,7 +374,7 @@ def a_bound_chat_honours_or_refuses_each_optional_field(c: Client) -> None:
 
 CONTRACT: list[Callable[[Client], None]] = [
     lifecycle, a_directive_batch_edits_messages, unknown_session_is_404_everywhere,
-    version_conflict_changes_nothing, bad_spans_change_nothing, invalid_bodies_and_ids_are_422_validation_errors,
+    version_conflict_changes_nothing, bad_spans_change_nothing, invalid_bodies_are_422_and_unparseable_ones_400,
     a_bound_chat_builds_then_edits_its_session, a_bound_chat_names_why_it_rebuilt, a_bound_chat_validates_its_fields,
     a_bound_chat_honours_its_sampling_fields, a_bound_chat_honours_or_refuses_each_optional_field,
 ]

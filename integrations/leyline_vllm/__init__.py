@@ -24,6 +24,9 @@ def register() -> None:
     """``vllm.general_plugins`` hook: make ``LeylineConnector`` known to vLLM's factory."""
     from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
 
+    from .test_config import apply_from_env
+
+    apply_from_env()  # the tests' forced configuration, if any (nothing without its variable)
     if CONNECTOR_NAME not in KVConnectorFactory._registry:
         KVConnectorFactory.register_connector(CONNECTOR_NAME, "leyline_vllm.kv.connector", "LeylineConnector")
 

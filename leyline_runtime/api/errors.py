@@ -3,7 +3,8 @@
 Runtime errors (:class:`LeylineError`) carry their own code and status.
 Request validation, unknown paths and wrong methods are reshaped into the
 same body (a 405 names every allowed method in ``Allow``), a body that is not
-JSON at all is 400 ``invalid_body``, and malformed input that slips past
+JSON at all (bad syntax, invalid UTF-8, nested too deep) or is empty is 400
+``invalid_body`` on every route (:func:`body_problem`), and malformed input that slips past
 validation (a ``ValueError``, ``IndexError`` or ``UnicodeError`` deep in the
 runtime) is a 422, never a 500.
 
@@ -34,11 +35,12 @@ from .json_body import content_type_problem
 log = logging.getLogger("leyline.server")
 
 # FastAPI answers 400 when the body cannot be parsed at all (invalid UTF-8, JSON nested too deep).
+UNPARSEABLE_BODY = "the body is not UTF-8 JSON, or it is nested too deep"
 _HTTP_CODES = {400: "invalid_body", 404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}
 _MAX_LISTED_ERRORS = 5
 
 _DESCRIPTIONS = {
-    400: "The body is not parseable JSON: invalid UTF-8, bad syntax, nested too deep (`invalid_body`)",
+    400: "The body is empty or not parseable JSON: invalid UTF-8, bad syntax, nested too deep (`invalid_body`)",
     401: "Missing or wrong API key (`unauthorized`)",
     404: "No such session for this tenant (`session_not_found`; the message hints when it was evicted)",
     409: "`expected_version` does not match the session's version (`version_conflict`); nothing changed",
@@ -73,8 +75,23 @@ async def _leyline_error(request: Request, exc: Exception) -> JSONResponse:
 async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
     errors = list(exc.errors())
+    if (problem := body_problem(errors)) is not None:
+        return error_response(400, "invalid_body", problem)
     return error_response(422, "validation_error", content_type_problem(request, errors)
                           or describe_validation(errors))
+
+
+def body_problem(errors: list[Any]) -> str | None:
+    """What is wrong with the body as a whole, where FastAPI's validation found it empty or not JSON
+    (``json_invalid``, whose ``loc`` carries a character offset, not a field); else None."""
+    first = errors[0] if errors else {}
+    loc = tuple(first.get("loc", ()))
+    if first.get("type") == "json_invalid":
+        at = f" at character {loc[1]}" if len(loc) > 1 else ""
+        return f"the body is not valid JSON: {(first.get('ctx') or {}).get('error', 'syntax error')}{at}"
+    if first.get("type") == "missing" and loc == ("body",):
+        return "the body is empty: this route takes a JSON object (Content-Type: application/json)"
+    return None
 
 
 async def _http_error(request: Request, exc: Exception) -> JSONResponse:
@@ -83,7 +100,7 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     headers = getattr(exc, "headers", None)
     detail = str(exc.detail)
     if exc.status_code == 400:
-        detail = f"{detail}: it is not UTF-8 JSON, or it is nested too deep"
+        detail = UNPARSEABLE_BODY
     if exc.status_code == 404 and (openai_path := _under_v1(request)):
         detail = f"{detail}: the OpenAI-compatible routes live under /v1, this one is {openai_path} " \
                  "(an OpenAI client's base_url ends in /v1)"

@@ -24,7 +24,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from leyline_sdk.errors import LeylineError
 
-from .errors import validation_text
+from .errors import UNPARSEABLE_BODY, body_problem, validation_text
 from .json_body import content_type_problem
 
 log = logging.getLogger("leyline.server")
@@ -57,7 +57,7 @@ class OpenAIErrorBody(BaseModel):
 
 
 _DESCRIPTIONS: dict[int | str, str] = {
-    400: "Invalid request (`param` names the field)",
+    400: "Invalid request (`param` names the field); an empty body or one that is not JSON is `invalid_body`",
     401: "Missing or wrong API key",
     404: "No such session for this tenant (`session_not_found`), or an unknown model (`model_not_found`)",
     409: "The session changed under the request (`version_conflict`)",
@@ -85,9 +85,10 @@ def to_openai_error(exc: Exception) -> OpenAIError:
         return exc
     if isinstance(exc, RequestValidationError):
         return _from_validation(exc.errors())
-    if isinstance(exc, StarletteHTTPException):  # e.g. a body that is not JSON
-        return OpenAIError(str(exc.detail), code="invalid_request" if exc.status_code == 400 else None,
-                           status=exc.status_code)
+    if isinstance(exc, StarletteHTTPException):  # e.g. a body that is not UTF-8 or nested too deep
+        if exc.status_code == 400:
+            return OpenAIError(UNPARSEABLE_BODY, code="invalid_body")
+        return OpenAIError(str(exc.detail), status=exc.status_code)
     if isinstance(exc, LeylineError):  # invalid input is a 400; 404, 409, 413 keep their meaning
         status = exc.status_code or 400
         return OpenAIError(exc.message or exc.code, code=exc.code, status=400 if status == 422 else status)
@@ -99,13 +100,13 @@ def to_openai_error(exc: Exception) -> OpenAIError:
 
 def _from_validation(errors: Any) -> OpenAIError:
     errors = list(errors)
+    if (problem := body_problem(errors)) is not None:
+        return OpenAIError(problem, code="invalid_body")
     first = errors[0] if errors else {}
     loc = [str(p) for p in first.get("loc", ()) if p != "body"]
     param = loc[1] if loc[:1] == ["header"] and len(loc) > 1 else _param_path(loc)
     if first.get("type") == "extra_forbidden":
         message = f"`{param}` is not supported by this server"
-    elif first.get("type") == "json_invalid":
-        message, param = f"the body is not valid JSON: {first.get('msg', '')}", None
     else:
         message = f"{param}: {validation_text(first)}" if param else validation_text(first)
     if len(errors) > 1:

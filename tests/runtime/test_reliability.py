@@ -135,7 +135,8 @@ def cases() -> list[tuple[str, str, str, Any, int]]:
     add("create-body-too-big", "POST", "/sessions", {"messages": [msg("user", "x" * 3000)] * 16 * 2}, 413)
     add("create-tokens-bound", "POST", "/sessions", {"messages": [msg("user", " " * 4000)] * 12}, 413)
     add("create-tokens-exact", "POST", "/sessions", {"messages": [msg("user", DIGITS)]}, 413)
-    add("create-invalid-json", "POST", "/sessions", b"{not json", 422)
+    add("create-invalid-json", "POST", "/sessions", b"{not json", 400)
+    add("create-empty-body", "POST", "/sessions", b"", 400)
     add("create-invalid-utf8", "POST", "/sessions", b'{"messages": [{"role": "user", "content": "\xff\xfe"}]}', 400)
     add("create-deep-json", "POST", "/sessions", b"[" * 100_000 + b"]" * 100_000, 413)
     add("create-deep-json-small", "POST", "/sessions", b"[" * 20_000 + b"]" * 20_000, 400)
@@ -329,16 +330,22 @@ def test_malformed_request_is_4xx_and_changes_nothing(client, runtime, name, met
 
 
 @pytest.mark.parametrize("body", [b"[" * 100_000 + b"]" * 100_000, b'{"a":' * 100_000 + b"1" + b"}" * 100_000,
-                                  b'{"messages": [{"role": "user", "content": "\xff"}]}'],
-                         ids=["deep-list", "deep-object", "invalid-utf8"])
-@pytest.mark.parametrize("path", ["/sessions", f"/sessions/{VICTIM}/messages", "/directives", "/v1/chat/completions"])
-def test_unparseable_bodies_are_400_within_default_limits(runtime, path, body):
+                                  b'{"messages": [{"role": "user", "content": "\xff"}]}', b"{not json", b""],
+                         ids=["deep-list", "deep-object", "invalid-utf8", "bad-syntax", "empty"])
+@pytest.mark.parametrize("path", ["/sessions", f"/sessions/{VICTIM}/messages", f"/sessions/{VICTIM}/generate",
+                                  "/directives", "/v1/chat/completions"])
+def test_unparseable_bodies_are_400_invalid_body_on_every_route(runtime, path, body):
+    """One answer for a body that is not JSON or is empty, native routes and /v1 alike: 400 ``invalid_body``,
+    a message saying what is wrong with the body (no character offset shown as a field), nothing changed."""
     before = victim_state(runtime)
     with TestClient(create_app(runtime=runtime)) as default_limits:
         r = send(default_limits, "POST", path, body)
     assert r.status_code == 400, r.text[:300]
-    if not path.startswith("/v1/"):
-        assert r.json()["error"]["code"] == "invalid_body"
+    error = r.json()["error"]
+    assert error["code"] == "invalid_body", error
+    assert error["message"].startswith("the body ") and "body." not in error["message"], error
+    if path.startswith("/v1/"):
+        assert error["param"] is None, error
     assert_same(before, victim_state(runtime))
 
 

@@ -204,7 +204,7 @@ def test_v1_min_tokens_above_max_tokens_is_a_400(client):
 
 def test_malformed_json_unknown_paths_and_methods(client):
     r = client.post("/sessions", content=b"{not json", headers={"Content-Type": "application/json"})
-    assert_error(r, 422, "validation_error")
+    assert assert_error(r, 400, "invalid_body")["message"].startswith("the body is not valid JSON")
     assert_error(client.get("/no/such/path"), 404, "not_found")
     assert_error(client.put("/sessions"), 405, "method_not_allowed")
 

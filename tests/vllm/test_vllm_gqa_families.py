@@ -21,9 +21,7 @@ import numpy as np
 import pytest
 
 from leyline_bench.vllm.checks import (
-    OTHER_TOL,
     REPLACEMENT,
-    ROTARY_TOL,
     amortize_once,
     chat_ids,
     edited,
@@ -42,6 +40,7 @@ from leyline_sdk import LeylineClient
 from leyline_sdk.protocol import Directive, Span
 from leyline_bench.common.vllm_server import SERVED_MODEL_NAME
 from test_vllm_directives import assert_same_generation
+from tolerances import TOLERANCE
 
 NO_ROTATE, WRONG_PAIRING = "norotate-fam", "wrongpair-fam"
 
@@ -132,7 +131,7 @@ def test_forget_equals_vllms_fresh_prefill(family, client):
     (outcome,) = client.apply(s, [Directive(span=Span(start=3, end=4), replacement=REPLACEMENT,
                                             mode="forget")]).outcomes
     assert outcome.applied_mode == "forget" and outcome.fallback_reason is None
-    tol = 5e-2 if server.dtype == "bfloat16" else 2e-2
+    tol = TOLERANCE[server.dtype].logprob
     assert_same_generation(greedy(client, s, EXPECTED[name].compared_tokens),
                            fresh_reference(family, edited(old, 3, REPLACEMENT)), tol)
 
@@ -156,7 +155,7 @@ def test_amortize_layer0_rows_equal_a_fresh_prefill(family, client):
         pytest.skip(f"{name} is refused: nothing is rotated (see test_refused_family_applies_forget_with_reason)")
     rotary_err, rest_err = layer0_errors(splice(family), *_moved_layer0(family, client, f"amortize-{name}"))
     print(f"\n{name}: layer-0 rotary dims max error {rotary_err:.2e} (of the largest), other dims {rest_err:.2e}")
-    assert rotary_err <= ROTARY_TOL[server.dtype] and rest_err <= OTHER_TOL[server.dtype]
+    assert rotary_err <= TOLERANCE[server.dtype].rotary and rest_err <= TOLERANCE[server.dtype].other
 
 
 @pytest.mark.parametrize("control", [NO_ROTATE, WRONG_PAIRING])
@@ -180,7 +179,7 @@ def test_refused_family_applies_forget_with_reason(family, client):
     assert outcome.applied_mode == "forget" and outcome.rotated_tokens == 0
     assert outcome.fallback_reason.startswith("unsupported_runtime: ") and EXPECTED[name].refused in \
         outcome.fallback_reason
-    tol = 5e-2 if server.dtype == "bfloat16" else 2e-2
+    tol = TOLERANCE[server.dtype].logprob
     assert_same_generation(greedy(client, s, EXPECTED[name].compared_tokens),
                            fresh_reference(family, edited(old, 3, REPLACEMENT)), tol)
 
@@ -256,6 +255,6 @@ def test_auto_past_the_drift_budget_recomputes_from_the_edit(family, client):
     assert decision.choice == "amortize" and decision.layer1_change > 0, decision
     assert decision.drift_repair_tokens > 0 and decision.session_drift == 0.0, decision
     assert outcome.applied_mode == "forget" and outcome.rotated_tokens == 0, outcome
-    tol = 5e-2 if server.dtype == "bfloat16" else 2e-2
+    tol = TOLERANCE[server.dtype].logprob
     assert_same_generation(greedy(client, s, EXPECTED[name].compared_tokens),
                            fresh_reference(family, edited(old, 3, REPLACEMENT)), tol)

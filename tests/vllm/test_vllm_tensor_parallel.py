@@ -17,8 +17,6 @@ import pytest
 from leyline_bench.vllm.checks import (
     EDITED_INDEX,
     REPLACEMENT,
-    ROTARY_TOL,
-    OTHER_TOL,
     edit_directive,
     edited,
     fresh_completion,
@@ -33,6 +31,7 @@ from leyline_bench.common.vllm_server import VllmServer, vllm_on_cpu
 from leyline_sdk import LeylineClient
 
 from test_vllm_directives import assert_same_generation
+from tolerances import TOLERANCE
 
 RANKS = 2
 
@@ -72,7 +71,7 @@ def test_every_rank_splices_its_own_heads(server, client):
     for rank in range(RANKS):
         got, want = rows(server.base_url, s, 0, rank)[moved], rows(server.base_url, fresh, 0, rank)[moved]
         rotary, rest = layer0_errors(splice, got, want)
-        assert rotary <= ROTARY_TOL[server.dtype] and rest <= OTHER_TOL[server.dtype], (rank, rotary, rest)
+        assert rotary <= TOLERANCE[server.dtype].rotary and rest <= TOLERANCE[server.dtype].other, (rank, rotary, rest)
     a, b = rows(server.base_url, s, 0, 0), rows(server.base_url, s, 0, 1)
     assert a.shape == b.shape and not (a == b).all()  # two ranks, two different heads
 
@@ -81,7 +80,7 @@ def test_forget_and_auto_under_tensor_parallelism(server, client):
     old = history(tag=f"tp-{uuid.uuid4().hex[:8]}")
     new = edited(old, EDITED_INDEX, REPLACEMENT)
     want = fresh_completion(server.base_url, server.model, new, 6)
-    tol = 5e-2 if server.dtype == "bfloat16" else 2e-2
+    tol = TOLERANCE[server.dtype].logprob
     for mode in ("forget", "auto"):
         s = f"tp-{mode}-{uuid.uuid4().hex[:8]}"
         client.create_session(old, session_id=s)

@@ -87,15 +87,6 @@ def split_rope(splice: dict, table: np.ndarray) -> tuple[np.ndarray, np.ndarray]
     return per_token[..., lo:hi], rest
 
 
-# How far the moved tokens' layer-0 rows may be from a fresh prefill's, over the largest value, per cache
-# dtype. fp32: float error of the rotation. bf16: a stored row is rounded before and after its rotation,
-# and vLLM's fresh prefill rotates with its own bf16 cos/sin cache, so up to ~2.7 bf16 ulps of the
-# largest value (measured on the CPU backend without AMX: 7.0e-3 qwen3, 1.03e-2 glm4). The other dims
-# (V, the non-rotary K dims) are copied: equal where the fresh prefill computes them the same way.
-ROTARY_TOL = {"float32": 1e-4, "bfloat16": 4 * 2.0 ** -8}
-OTHER_TOL = {"float32": 1e-5, "bfloat16": 2 * 2.0 ** -8}
-
-
 def layer0_errors(splice: dict, got: np.ndarray, want: np.ndarray) -> tuple[float, float]:
     """Max |got - want| of the rotary dims and of the other dims, each over the reference's largest value."""
     (got_rot, got_rest), (want_rot, want_rest) = split_rope(splice, got), split_rope(splice, want)

@@ -1,11 +1,21 @@
-"""One prompt through vLLM's engine client, with Leyline's connector params."""
+"""One prompt through vLLM's engine client, with Leyline's connector params.
+
+The connector reports on a request when vLLM's scheduler finishes it (:mod:`leyline_vllm.kv.wire`). A
+request that ends on a stop string is finished by vLLM's frontend instead: its detokenizer finds the
+string, hands back the final output at once, and aborts the request in the engine, so that output
+carries no connector report (vLLM's ``OutputProcessor``). Its rows are still held (the scheduler side
+holds an aborted request that computed its prompt, and the abort reaches the engine before any later
+request of ours), so the report is rebuilt from what the API server knows: vLLM's own count of the
+prompt tokens it did not compute, the key the rows are held under, and the rows that exist (the prompt
+and every generated token but the last). Any other finished request without a report is named.
+"""
 
 from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
 
-from ..kv.wire import LoadReport
+from ..kv.wire import PARAMS_KEY, LoadReport
 
 
 @dataclass
@@ -28,6 +38,20 @@ class EngineResult:
         return self.prompt_len - (self.report.local_hit + self.report.loaded)
 
 
+def _report(final, kv_params: dict, prompt_len: int, generated: int) -> LoadReport:
+    """The connector's report on ``final``, or (where vLLM's frontend finished it) the one rebuilt."""
+    report = LoadReport.from_output(final.kv_transfer_params)
+    if not kv_params or report.reported:
+        return report
+    completion = final.outputs[0]
+    cached = final.num_cached_tokens or 0  # vLLM's count: its prefix cache and the connector's load
+    if completion.finish_reason == "stop" and isinstance(completion.stop_reason, str):
+        save = kv_params["kv_transfer_params"][PARAMS_KEY].get("save")
+        return LoadReport(local_hit=cached, saved=save, saved_tokens=prompt_len + max(0, generated - 1) if save else 0)
+    return LoadReport(local_hit=cached, fallback=f"report_missing: vLLM finished the request "
+                                                 f"({completion.finish_reason}) without the connector's report")
+
+
 async def run_prompt(engine_client, prompt_ids: list[int], sampling: dict, kv_params: dict,
                      cache_salt: str | None) -> EngineResult:
     from vllm import SamplingParams
@@ -44,5 +68,5 @@ async def run_prompt(engine_client, prompt_ids: list[int], sampling: dict, kv_pa
     return EngineResult(
         token_ids=list(completion.token_ids), text=completion.text, finish_reason=completion.finish_reason,
         prompt_len=len(prompt_ids), num_cached_tokens=final.num_cached_tokens or 0,
-        report=LoadReport.from_output(final.kv_transfer_params), logprobs=completion.logprobs,
+        report=_report(final, kv_params, len(prompt_ids), len(completion.token_ids)), logprobs=completion.logprobs,
         planned=bool(kv_params))

@@ -25,7 +25,7 @@ from ..kv.holds import RELEASE_REASONS
 # own); anything else a client sends is counted as "other", so a client cannot grow the label set.
 REBUILD_REASONS = frozenset({"session_not_found", "invalid_directive", "too_many_edits", "unknown_session"})
 # A load's fallback reasons, by the kind before their ':' (the rest names the key or the error).
-FALLBACK_KINDS = frozenset({"hold_released", "kv_load_failed"})
+FALLBACK_KINDS = frozenset({"hold_released", "kv_load_failed", "report_missing"})
 
 
 @dataclass

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import secrets
 import uuid
 from dataclasses import dataclass, field
@@ -11,6 +12,10 @@ from leyline_runtime.auto_rule import DriftState
 from leyline_sdk.protocol import Message, SessionCounters
 
 from .row_plan import Snapshot
+
+# The tests' negative control (never set in production): these sessions' approximate rows run unsalted,
+# so vLLM's prefix cache may hand them to another request, which the isolation tests must then catch.
+UNSALTED_ENV = "LEYLINE_VLLM_TEST_UNSALTED_SESSIONS"
 
 
 @dataclass
@@ -25,6 +30,10 @@ class VllmSession:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     drift: DriftState = field(default_factory=DriftState)  # what its amortized auto edits left behind
     _keys: int = 0
+
+    def __post_init__(self) -> None:
+        if self.session_id in os.environ.get(UNSALTED_ENV, "").split(","):
+            self.salt = ""  # run_prompt sends no cache_salt
 
     def new_key(self) -> str:
         self._keys += 1

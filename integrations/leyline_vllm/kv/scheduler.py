@@ -39,8 +39,10 @@ if TYPE_CHECKING:
 HOST_TIER_ENV = "LEYLINE_VLLM_HOST_TIER_GIB"  # host memory for released holds (default 0: no host tier)
 HOLD_TTL_ENV = "LEYLINE_VLLM_HOLD_TTL_S"  # an idle session's blocks stay this long (default 300)
 HOLD_FRACTION_ENV = "LEYLINE_VLLM_HOLD_FRACTION"  # at most this share of the pool is held (default 0.5)
-# a finished request's blocks are held only when it ended normally (an aborted one's output is never used)
-_HELD_ENDINGS = {"FINISHED_STOPPED", "FINISHED_LENGTH_CAPPED", "FINISHED_REPETITION"}
+# A finished request's blocks are held when it ended normally, or was aborted: vLLM's frontend aborts a
+# request that hit a stop string (its detokenizer finds the string, not the engine), and that output is
+# used; a request whose client went away is aborted too, and the API server releases its key.
+_HELD_ENDINGS = {"FINISHED_STOPPED", "FINISHED_LENGTH_CAPPED", "FINISHED_REPETITION", "FINISHED_ABORTED"}
 
 
 def host_tier_bytes() -> int:
