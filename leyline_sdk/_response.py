@@ -40,13 +40,15 @@ def error_from_response(response: httpx.Response) -> LeylineError:
             code, message = error["code"], str(error.get("message", message))
         elif "detail" in body:  # a FastAPI default error body
             message = str(body["detail"])
-    if response.status_code == 401 and not _sent_a_key(response):
-        message = f"{message} ({NO_KEY_HINT})"
+    if response.status_code == 401:
+        message = f"{message} ({NO_KEY_HINT if not _sent_a_key(response) else WRONG_KEY_HINT})"
     return error_for(code, message, response.status_code, response=response, body=body)
 
 
 # The server can only say which header is missing; an SDK user sets the key where the SDK reads it.
 NO_KEY_HINT = f"this client sent no API key: set {API_KEY_ENV}, or pass api_key="
+WRONG_KEY_HINT = (f"the server knows no such key: the client's comes from api_key= or {API_KEY_ENV}, the "
+                  "server's from `leyline-runtime serve --api-key KEY` or LEYLINE_API_KEYS")
 
 
 def _sent_a_key(response: httpx.Response) -> bool:

@@ -126,7 +126,7 @@ def keyed_app(app, monkeypatch):  # noqa: F811
     return create_app(runtime=app.state.runtime)
 
 
-def test_a_missing_key_tells_an_sdk_user_where_the_sdk_reads_it(keyed_app):
+def test_a_missing_or_wrong_key_tells_an_sdk_user_where_keys_are_set(keyed_app):
     with TestClient(keyed_app) as http:
         with pytest.raises(Unauthorized) as missing:
             LeylineClient("http://testserver", http_client=http).list_sessions()
@@ -138,7 +138,10 @@ def test_a_missing_key_tells_an_sdk_user_where_the_sdk_reads_it(keyed_app):
     for caught in (missing, missing_streamed):
         message = caught.value.message
         assert message.startswith("missing API key") and "set LEYLINE_API_KEY, or pass api_key=" in message, message
-    assert wrong.value.message == "invalid API key"  # a key was sent: where it comes from is not the problem
+    # a key was sent but the server knows no such key: where each side's key is set
+    assert wrong.value.message.startswith("invalid API key (") and "LEYLINE_API_KEY" in wrong.value.message
+    assert "--api-key" in wrong.value.message and "LEYLINE_API_KEYS" in wrong.value.message, wrong.value.message
+    assert wrong.value.body["error"]["message"] == "invalid API key"  # the server's own words, kept in the body
     assert missing.value.body["error"]["message"] == "missing API key: send 'Authorization: Bearer <key>'"
 
 

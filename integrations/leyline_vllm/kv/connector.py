@@ -7,6 +7,13 @@ worker process with the worker role. Each instance holds one side: :class:`~.sch
 tier). They talk only through vLLM: :class:`~.metadata.LeylineMetadata` with each step's scheduler
 output, :class:`~.metadata.LeylineWorkerReport` back with the model runner's output. How requests
 opt in: :mod:`leyline_vllm.kv.wire`.
+
+It declares vLLM's hybrid memory allocator support (``SupportsHMA``): without it vLLM turns the
+allocator off for any connector, and a hybrid attention/recurrent model (Qwen3-Next's Gated DeltaNet,
+Mamba layers) then fails to start at all ("Failed to promote local KV cache specs to one unified type").
+With it such a model starts with its KV cache groups, the worker refuses to splice it by name
+(:func:`~leyline_vllm.kv.layout.layer_rows`), and its sessions are served as forget. A spliced model has
+one group, whose blocks are the ones the scheduler side holds.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
     KVConnectorRole,
+    SupportsHMA,
 )
 
 from . import faults
@@ -35,7 +43,7 @@ if TYPE_CHECKING:
     from vllm.v1.request import Request
 
 
-class LeylineConnector(KVConnectorBase_V1):
+class LeylineConnector(KVConnectorBase_V1, SupportsHMA):
     def __init__(self, vllm_config: "VllmConfig", role: KVConnectorRole,
                  kv_cache_config: "KVCacheConfig | None" = None):
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
@@ -75,6 +83,12 @@ class LeylineConnector(KVConnectorBase_V1):
 
     def request_finished(self, request: "Request", block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         return self.scheduler.request_finished(request, block_ids)
+
+    def request_finished_all_groups(self, request: "Request", block_ids: tuple[list[int], ...]
+                                    ) -> tuple[bool, dict[str, Any] | None]:
+        """vLLM calls this instead of :meth:`request_finished` once the connector declares ``SupportsHMA``.
+        Only a spliced model's requests carry row plans, and a spliced model has one KV cache group."""
+        return self.scheduler.request_finished(request, block_ids[0])
 
     # -- worker role ---------------------------------------------------------------------------
 

@@ -131,6 +131,11 @@ def layer_rows(vllm_config, kv_caches: dict[str, torch.Tensor], ropes: list, num
     if cache_dtype not in ("auto", "bfloat16", "float16", "float32", "half", "float"):
         raise UnsupportedModel(f"quantized KV cache ({cache_dtype}): a rotated row would be requantized")
     context = vllm_config.compilation_config.static_forward_context
+    recurrent = sorted({type(context[n]).__name__ for n in kv_caches
+                        if n in context and not hasattr(context[n], "head_size")})
+    if recurrent:  # Qwen3-Next / Qwen3.5 (Gated DeltaNet), Mamba hybrids, short convolutions (LFM2)
+        raise UnsupportedModel(f"hybrid attention/recurrent model ({', '.join(recurrent)} layers): a recurrent "
+                               "state sums the whole history; it has no per-token row to move and rotate")
     layers = {}
     for name in kv_caches:
         layer = context.get(name)
