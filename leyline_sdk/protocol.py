@@ -79,11 +79,19 @@ class Message(BaseModel):
     tool_calls: list[ToolCall] | None = None
     tool_call_id: Text | None = Field(default=None, max_length=MAX_ID_LENGTH)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _null_content_only_beside_tool_calls(cls, data: Any) -> Any:
+        # OpenAI allows null content on an assistant message that makes tool calls, and nowhere else
+        if isinstance(data, dict) and "content" in data and data["content"] is None:
+            if data.get("role") != "assistant" or not data.get("tool_calls"):
+                raise ValueError("content may be null only on an assistant message with tool_calls")
+        return data
+
     @field_validator("content", mode="before")
     @classmethod
     def _content_text(cls, value: Any) -> Any:
-        # OpenAI allows null content on assistant tool-call messages and lists of
-        # text parts; both normalise to plain text.
+        # null (beside tool calls, above) and lists of text parts normalise to plain text
         if value is None:
             return ""
         if isinstance(value, list):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from leyline_sdk.protocol import Message, Mode, SessionId
 
@@ -94,7 +94,7 @@ class ClearToolUses(BaseModel):
     keep: ToolUses = ToolUses(value=3)
     clear_at_least: InputTokens | None = None
     exclude_tools: list[str] = Field(default_factory=list, max_length=128)
-    clear_tool_inputs: bool = False
+    clear_tool_inputs: bool = Field(default=False, strict=True)  # a boolean, not 0/1 or "false"
 
 
 class ContextManagement(BaseModel):
@@ -177,6 +177,14 @@ class ChatCompletionRequest(DecodingFields):
                                          description="Accepted; not used (the cache follows `session_id`)")
     safety_identifier: str | None = Field(default=None, max_length=256, description="Accepted; not used")
     store: Literal[False] | None = Field(default=None, description="Nothing is stored; only false is accepted")
+
+    @field_validator("store", mode="before")
+    @classmethod
+    def _store_is_a_boolean(cls, value: Any) -> Any:
+        # the schema says false or null: pydantic's lax mode would take 0 (or "false") for false
+        if value is not None and not isinstance(value, bool):
+            raise ValueError("store must be false or null (nothing is stored)")
+        return value
 
     @property
     def effective_max_tokens(self) -> int:

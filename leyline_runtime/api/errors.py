@@ -43,7 +43,8 @@ _DESCRIPTIONS = {
     400: "The body is empty or not parseable JSON: invalid UTF-8, bad syntax, nested too deep (`invalid_body`)",
     401: "Missing or wrong API key (`unauthorized`)",
     404: "No such session for this tenant (`session_not_found`; the message hints when it was evicted)",
-    409: "`expected_version` does not match the session's version (`version_conflict`); nothing changed",
+    409: "`expected_version` does not match the session's version (`version_conflict`), or a session with this "
+         "id exists already (`session_exists`, on create); nothing changed",
     408: "The request body did not arrive within the server's body timeout (`request_timeout`)",
     413: "Over a request limit: body, message size, message count or tokens per request "
          "(`request_too_large`); or the session cannot fit the KV cache or the model's context "

@@ -32,14 +32,15 @@ from leyline_sdk.protocol import (
 )
 
 from .errors import LeylineErrorRoute, error_responses
+from .sse_schema import sse_content
 
 SessionIdPath = Annotated[str, Path(min_length=1, max_length=MAX_ID_LENGTH, pattern=SESSION_ID_PATTERN,
                                     description=f"The session's id: {SESSION_ID_RULE}")]
 BODY_ERRORS = (400, 408, 413)
 
-_STREAM_DOC = {"text/event-stream": {"schema": {"type": "string"}, "example": (
+_STREAM_DOC = sse_content(
     'data: {"type": "delta", "content": "Hel"}\n\ndata: {"type": "delta", "content": "lo"}\n\n'
-    'data: {"type": "done", "response": {"session_id": "s1", "message": {...}, ...}}\n\n')}}
+    'data: {"type": "done", "response": {"session_id": "s1", "message": {...}, ...}}\n\n')
 
 
 class SessionBackend(Protocol):
@@ -74,7 +75,7 @@ def build_session_router(backend_of: Callable[[Request], SessionBackend], tenant
     # plain defaults, not Annotated aliases: these annotations are strings resolved in module globals
     backend_dep, tenant_dep = Depends(backend_of), Depends(tenant_of)
 
-    @router.post("/sessions", status_code=201, response_model=SessionInfo, responses=error_responses(*BODY_ERRORS),
+    @router.post("/sessions", status_code=201, response_model=SessionInfo, responses=error_responses(409, *BODY_ERRORS),
                  summary="Create a session (optionally with messages, prefilled now)")
     async def create_session(body: SessionCreate, request: Request, backend: SessionBackend = backend_dep, tenant: str = tenant_dep) -> SessionInfo:
         return await backend.create_session(request, body, tenant)

@@ -7,7 +7,7 @@ or after its start, what the native generate route accepts as ``tools``. A clien
 document FastAPI builds is amended here, once, from the same models:
 
 - ``Message`` is one branch per role (``tool_calls`` only on assistant messages,
-  ``tool_call_id`` only on tool messages);
+  ``tool_call_id`` only on tool messages, ``content`` null only beside tool calls);
 - ``Directive`` is one branch per span unit (messages for a message span; text or
   token ids, never negative, for a token span);
 - ``GenerateRequest``'s decoding fields take the shapes the chat route declares;
@@ -33,10 +33,16 @@ _NOTHING = {"anyOf": [{"type": "null"}, {"type": "array", "maxItems": 0}]}
 def _role_branches() -> list[dict[str, Any]]:
     no_calls = {"tool_calls": _NOTHING}
     no_call_id = {"tool_call_id": {"type": "null"}}
+    text = {"content": {"type": "string"}}
+    # null content only beside tool calls (OpenAI's rule for an assistant message that calls tools)
+    calls_or_text = {"anyOf": [{"properties": text},
+                               {"required": ["tool_calls"], "properties": {
+                                   "content": {"type": "null"},
+                                   "tool_calls": {"type": "array", "minItems": 1}}}]}
     return [
-        {"properties": {"role": {"enum": ["system", "user"]}, **no_calls, **no_call_id}},
-        {"properties": {"role": {"const": "assistant"}, **no_call_id}},
-        {"properties": {"role": {"const": "tool"}, **no_calls}},
+        {"properties": {"role": {"enum": ["system", "user"]}, **no_calls, **no_call_id, **text}},
+        {"properties": {"role": {"const": "assistant"}, **no_call_id}, **calls_or_text},
+        {"properties": {"role": {"const": "tool"}, **no_calls, **text}},
     ]
 
 
@@ -74,6 +80,8 @@ def amend(schema: dict[str, Any]) -> dict[str, Any]:
     """``schema`` (FastAPI's document) with the validators' rules written into it."""
     models = schema["components"]["schemas"]
     models["Message"]["oneOf"] = _role_branches()
+    models["Message"]["properties"]["content"] = {"anyOf": [{"type": "string"}, {"type": "null"}],
+                                                  "title": "Content", "default": ""}
     models["Message"]["description"] += " Only assistant messages carry `tool_calls`; only tool messages " \
                                         "carry `tool_call_id`."
     models["Directive"]["anyOf"] = _unit_branches()

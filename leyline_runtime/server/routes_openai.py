@@ -26,6 +26,7 @@ from ..api.chat_turn import ChatTurn
 from ..api.errors import SESSION_HEADER
 from ..api.json_body import OrjsonRoute
 from ..api.openai_errors import OpenAIRoute, openai_error_responses
+from ..api.sse_schema import sse_content
 from ..runtime import Runtime
 from .chat import ChatService
 from .openai_schema import ModelCard, ModelList
@@ -40,8 +41,7 @@ class _Route(OpenAIRoute, OrjsonRoute):
 
 router = APIRouter(prefix="/v1", tags=["openai"], route_class=_Route)
 
-_STREAM_DOC = {"text/event-stream": {"schema": {"type": "string"},
-                                     "example": 'data: {"object": "chat.completion.chunk", ...}\n\ndata: [DONE]\n\n'}}
+_STREAM_DOC = sse_content('data: {"object": "chat.completion.chunk", ...}\n\ndata: [DONE]\n\n')
 
 
 class RuntimeChat:

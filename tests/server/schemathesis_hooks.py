@@ -1,0 +1,54 @@
+"""Schemathesis hooks for the contract run (``SCHEMATHESIS_HOOKS=schemathesis_hooks``).
+
+Two rules of the API compare one field with another, which a JSON schema cannot state; the document
+says them in words (``leyline_runtime/server/openapi.py``) and the server answers 422 naming them. The
+generator is told them here, so that a body it calls valid is one the rules allow:
+
+* a span's ``end`` is at or after its ``start``;
+* a ``tool_choice`` that names a function names one of ``tools``;
+* ``min_tokens`` is at most the reply's token cap (``max_completion_tokens``, ``max_tokens``, or the
+  chat route's default when neither is sent).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import schemathesis
+
+from leyline_runtime.api.chat_request import DEFAULT_MAX_TOKENS
+
+
+def _spans_ordered(body: dict) -> bool:
+    for directive in body.get("directives") or []:
+        span = directive.get("span") if isinstance(directive, dict) else None
+        if isinstance(span, dict):
+            start, end = span.get("start"), span.get("end")
+            if isinstance(start, (int, float)) and isinstance(end, (int, float)) and end < start:
+                return False
+    return True
+
+
+def _choice_among_tools(body: dict) -> bool:
+    choice = body.get("tool_choice")
+    if not isinstance(choice, dict):
+        return True
+    name = (choice.get("function") or {}).get("name") if isinstance(choice.get("function"), dict) else None
+    if name is None:
+        return True
+    tools = body.get("tools") or []
+    return any(isinstance(t, dict) and isinstance(t.get("function"), dict) and t["function"].get("name") == name
+               for t in tools)
+
+
+def _min_within_max(body: dict) -> bool:
+    least = body.get("min_tokens")
+    cap = body.get("max_completion_tokens") or body.get("max_tokens") or DEFAULT_MAX_TOKENS
+    return not (isinstance(least, int) and isinstance(cap, int) and least > cap)
+
+
+@schemathesis.hook
+def filter_body(context: Any, body: Any) -> bool:
+    if not isinstance(body, dict):
+        return True
+    return _spans_ordered(body) and _choice_among_tools(body) and _min_within_max(body)
