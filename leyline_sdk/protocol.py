@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, field_validator, model_validator
+
+from .json_numbers import JSON_SAFE_INT, JsonModel
 
 from .errors import VersionConflict
 
@@ -32,8 +34,8 @@ SESSION_ID_RULE = f"1-{MAX_ID_LENGTH} characters of A-Z a-z 0-9 . _ : @ -, start
 SESSION_HEADER = "X-Leyline-Session"
 # Sent by the SDK with a create that rebuilds a session the server lost (the reason): servers count it.
 REBUILD_HEADER = "X-Leyline-Rebuild"
-# torch.Generator.manual_seed takes [-2**63, 2**64); outside that a seed cannot be honoured.
-MIN_SEED, MAX_SEED = -(2**63), 2**64 - 1
+# JSON's exact integer range (RFC 7493), inside torch.Generator.manual_seed's [-2**63, 2**64).
+MIN_SEED, MAX_SEED = -JSON_SAFE_INT, JSON_SAFE_INT
 # Directives one batch may carry; a history edit that needs more rebuilds the session
 # (leyline_sdk.batch_plan.plan_batch says so, for every caller alike).
 MAX_DIRECTIVES = 1024
@@ -124,7 +126,7 @@ class Message(BaseModel):
         return (self.role, self.content, calls, self.tool_call_id, self.name)
 
 
-class Span(BaseModel):
+class Span(JsonModel):
     """Half-open ``[start, end)`` over messages (default) or over token ids."""
 
     start: int = Field(ge=0)
@@ -149,7 +151,7 @@ class Span(BaseModel):
         return max(self.start, other.start) < min(self.end, other.end)
 
 
-class Directive(BaseModel):
+class Directive(JsonModel):
     """Replace ``span`` by ``replacement``.
 
     Message unit: ``replacement`` is a list of messages. Token unit: text or a
@@ -177,7 +179,7 @@ class Directive(BaseModel):
         return self
 
 
-class DirectiveBatch(BaseModel):
+class DirectiveBatch(JsonModel):
     session_id: SessionId
     directives: list[Directive] = Field(min_length=1, max_length=MAX_DIRECTIVES)
     expected_version: int | None = Field(default=None, ge=0)
@@ -263,7 +265,7 @@ class DriftInfo(BaseModel):
     repaired_tokens: int = 0  # rows they re-prefilled
 
 
-class SessionCreate(BaseModel):
+class SessionCreate(JsonModel):
     session_id: SessionId | None = None
     messages: list[Message] = Field(default_factory=list)
 
@@ -283,7 +285,7 @@ class SessionList(BaseModel):
     sessions: list[SessionInfo]
 
 
-class AppendRequest(BaseModel):
+class AppendRequest(JsonModel):
     messages: list[Message] = Field(min_length=1)
     expected_version: int | None = Field(default=None, ge=0)
 
@@ -317,14 +319,14 @@ class TokenLogprob(BaseModel):
     top_logprobs: list[TopLogprob] = Field(default_factory=list)
 
 
-class SamplingParams(BaseModel):
+class SamplingParams(JsonModel):
     max_tokens: int = Field(default=256, ge=1, le=8192)
     temperature: float = Field(default=0.0, ge=0.0, le=2.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     top_k: int = Field(default=0, ge=0)
     seed: int | None = Field(default=None, ge=MIN_SEED, le=MAX_SEED)
     stop: list[Text] | Text | None = None
-    logprobs: bool = False
+    logprobs: StrictBool = False
     top_logprobs: int = Field(default=0, ge=0, le=20)
     min_tokens: int = Field(default=0, ge=0, le=8192,
                             description="The end of the message cannot be sampled before this many tokens "
@@ -352,10 +354,10 @@ class GenerateRequest(SamplingParams):
         description="OpenAI function tools: a tool call can only name one of these, with arguments valid "
                     "against its schema; [] forbids tool calls. The prompt's tools message is the caller's.")
     tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
-    parallel_tool_calls: bool = True
+    parallel_tool_calls: StrictBool = True
     response_format: dict[str, Any] | None = Field(
         default=None, description="OpenAI's response_format: json_object or json_schema")
-    stream: bool = Field(
+    stream: StrictBool = Field(
         default=False, description="Answer with server-sent events: `delta` events with the text as it is "
                                    "generated, then one `done` event carrying the GenerateResponse")
 

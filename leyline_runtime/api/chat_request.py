@@ -13,34 +13,36 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator, model_validator
 
-from leyline_sdk.protocol import Message, Mode, SessionId
+from leyline_sdk.json_numbers import JsonModel
+from leyline_sdk.protocol import MAX_SEED, MIN_SEED, Message, Mode, SessionId
 
 DEFAULT_MAX_TOKENS = 256  # a chat request without max_tokens / max_completion_tokens
+TOKEN_ID_KEY_PATTERN = r"^(0|[1-9][0-9]{0,8})$"  # a logit_bias key: a token id in decimal
 MAX_NEW_TOKENS = 8192  # max_tokens, max_completion_tokens and min_tokens at most
 MAX_STOP_STRINGS = 4  # OpenAI's limit; each string any length
 # field -> the switch it needs on (refused otherwise, as OpenAI does, rather than ignored)
 NEEDS_SWITCH = {"top_logprobs": "logprobs", "stream_options": "stream"}
 
 
-class FunctionSpec(BaseModel):
+class FunctionSpec(JsonModel):
     name: str = Field(min_length=1, max_length=256)
     description: str | None = None
     parameters: dict[str, Any] | None = None
-    strict: bool | None = None
+    strict: StrictBool | None = None
 
 
-class Tool(BaseModel):
+class Tool(JsonModel):
     type: Literal["function"] = "function"
     function: FunctionSpec
 
 
-class NamedFunction(BaseModel):
+class NamedFunction(JsonModel):
     name: str = Field(min_length=1, max_length=256)
 
 
-class NamedToolChoice(BaseModel):
+class NamedToolChoice(JsonModel):
     type: Literal["function"] = "function"
     function: NamedFunction
 
@@ -48,24 +50,24 @@ class NamedToolChoice(BaseModel):
 ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
 
 
-class JsonSchemaFormat(BaseModel):
+class JsonSchemaFormat(JsonModel):
     model_config = ConfigDict(populate_by_name=True, extra="forbid")
 
     name: str = Field(min_length=1, max_length=64)
     description: str | None = None
     schema_: dict[str, Any] = Field(default_factory=dict, alias="schema")
-    strict: bool | None = Field(default=None, description="Decoding always follows the schema, strict or not")
+    strict: StrictBool | None = Field(default=None, description="Decoding always follows the schema, strict or not")
 
 
-class ResponseFormatText(BaseModel):
+class ResponseFormatText(JsonModel):
     type: Literal["text"]
 
 
-class ResponseFormatJsonObject(BaseModel):
+class ResponseFormatJsonObject(JsonModel):
     type: Literal["json_object"]
 
 
-class ResponseFormatJsonSchema(BaseModel):
+class ResponseFormatJsonSchema(JsonModel):
     type: Literal["json_schema"]
     json_schema: JsonSchemaFormat
 
@@ -74,17 +76,17 @@ ResponseFormat = Annotated[ResponseFormatText | ResponseFormatJsonObject | Respo
                            Field(discriminator="type")]
 
 
-class InputTokens(BaseModel):
+class InputTokens(JsonModel):
     type: Literal["input_tokens"] = "input_tokens"
     value: int = Field(ge=0)
 
 
-class ToolUses(BaseModel):
+class ToolUses(JsonModel):
     type: Literal["tool_uses"] = "tool_uses"
     value: int = Field(ge=0)
 
 
-class ClearToolUses(BaseModel):
+class ClearToolUses(JsonModel):
     """Anthropic's ``clear_tool_uses_20250919`` edit: clear old tool results (and inputs)."""
 
     model_config = ConfigDict(extra="forbid")
@@ -94,10 +96,10 @@ class ClearToolUses(BaseModel):
     keep: ToolUses = ToolUses(value=3)
     clear_at_least: InputTokens | None = None
     exclude_tools: list[str] = Field(default_factory=list, max_length=128)
-    clear_tool_inputs: bool = Field(default=False, strict=True)  # a boolean, not 0/1 or "false"
+    clear_tool_inputs: StrictBool = False
 
 
-class ContextManagement(BaseModel):
+class ContextManagement(JsonModel):
     """Edits the server makes to the history before generating (Anthropic's convention).
 
     Bound to a session, an edit becomes an amortize directive: the cache behind the
@@ -117,11 +119,11 @@ class AppliedEdit(BaseModel):
     cleared_input_tokens: int
 
 
-class StreamOptions(BaseModel):
-    include_usage: bool = False
+class StreamOptions(JsonModel):
+    include_usage: StrictBool = False
 
 
-class LeylineOptions(BaseModel):
+class LeylineOptions(JsonModel):
     """How a session-bound request's edits are applied."""
 
     model_config = ConfigDict(extra="forbid")
@@ -129,14 +131,14 @@ class LeylineOptions(BaseModel):
     mode: Mode = "amortize"
 
 
-class DecodingFields(BaseModel):
+class DecodingFields(JsonModel):
     """What constrains or biases the choice of tokens (shared with the native generate route)."""
 
     model_config = ConfigDict(extra="forbid")
 
     tools: list[Tool] | None = Field(default=None, max_length=128)
     tool_choice: ToolChoice | None = None
-    parallel_tool_calls: bool = Field(default=True, description="false: at most one tool call per reply")
+    parallel_tool_calls: StrictBool = Field(default=True, description="false: at most one tool call per reply")
     response_format: ResponseFormat | None = None
     frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
@@ -154,17 +156,17 @@ class ChatCompletionRequest(DecodingFields):
         description="Bind the request to a session (also: header X-Leyline-Session). The server diffs "
                     "`messages` against the session's history and applies the edits as directives.")
     leyline: LeylineOptions | None = None
-    stream: bool = False
+    stream: StrictBool = False
     stream_options: StreamOptions | None = None
     max_tokens: int | None = Field(default=None, ge=1, le=MAX_NEW_TOKENS)
     max_completion_tokens: int | None = Field(default=None, ge=1, le=MAX_NEW_TOKENS)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     top_k: int | None = Field(default=None, ge=0)
-    seed: int | None = Field(default=None, ge=-(2**63), lt=2**63)
+    seed: int | None = Field(default=None, ge=MIN_SEED, le=MAX_SEED)
     stop: str | Annotated[list[str], Field(max_length=MAX_STOP_STRINGS)] | None = None
     n: int = Field(default=1, ge=1, le=1, description="Only one choice is supported")
-    logprobs: bool | None = None
+    logprobs: StrictBool | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     min_tokens: int | None = Field(default=None, ge=0, le=MAX_NEW_TOKENS,
                                    description="vLLM's extension: the reply cannot end before this many tokens "

@@ -88,7 +88,7 @@ def body_problem(errors: list[Any]) -> str | None:
     first = errors[0] if errors else {}
     loc = tuple(first.get("loc", ()))
     if first.get("type") == "json_invalid":
-        at = f" at character {loc[1]}" if len(loc) > 1 else ""
+        at = f" at character {loc[1]}" if len(loc) > 1 and loc[1] is not None else ""
         return f"the body is not valid JSON: {(first.get('ctx') or {}).get('error', 'syntax error')}{at}"
     if first.get("type") == "missing" and loc == ("body",):
         return "the body is empty: this route takes a JSON object (Content-Type: application/json)"

@@ -4,8 +4,8 @@ Parsing JSON holds the GIL, so it runs on the event loop whichever thread
 does it: its cost is the longest pause a large body can put on other
 requests (``/healthz`` included). orjson parses several times faster than
 the standard library. A body orjson refuses goes to the standard parser,
-whose outcome FastAPI already maps: a syntax error is 422, invalid UTF-8 or
-nesting too deep is 400 ``invalid_body``, and a lone surrogate escape
+whose outcome FastAPI already maps (a syntax error, invalid UTF-8 or nesting
+too deep: 400 ``invalid_body``, see :mod:`.errors`), and a lone surrogate escape
 (``"\\ud800"``, which orjson rejects but JSON allows) parses and meets the
 field validators, which name the field.
 

@@ -23,6 +23,7 @@ cannot spend its whole budget on the digits of one number or on invented keys.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,11 +37,12 @@ from leyline_runtime.engine.sampling import LogitBias, LogitsProcessor, Penaltie
 from leyline_runtime.text.tokenizer import ChatTokenizer
 from ..api.errors import describe_validation
 from ..api.openai_errors import OpenAIError, invalid_request
-from ..api.chat_request import DecodingFields, NamedToolChoice, ResponseFormatJsonSchema, Tool
+from ..api.chat_request import TOKEN_ID_KEY_PATTERN, DecodingFields, NamedToolChoice, ResponseFormatJsonSchema, Tool
 
 JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 ANY_OBJECT: dict[str, Any] = {"type": "object"}
 BIAS_LIMIT = 100.0
+TOKEN_ID_KEY = re.compile(TOKEN_ID_KEY_PATTERN.strip("^$"))
 NUMBER_STEP = 0.000001  # see the module docstring
 INTEGER_LIMIT = 10**15
 
@@ -185,9 +187,10 @@ def _culprit(request: DecodingFields, compiler: GrammarCompiler) -> str:
 
 
 def _logit_bias(request: DecodingFields, vocab_size: int) -> dict[int, float]:
+    # keys as the document states them (TOKEN_ID_KEY_PATTERN): decimal token ids, no sign, spaces or leading 0
     bias: dict[int, float] = {}
     for key, value in (request.logit_bias or {}).items():
-        if not key.strip().isdigit() or int(key) >= vocab_size:
+        if not TOKEN_ID_KEY.fullmatch(key) or int(key) >= vocab_size:
             raise invalid_request(f"logit_bias: {key!r} is not a token id (0..{vocab_size - 1})", "logit_bias")
         if not -BIAS_LIMIT <= value <= BIAS_LIMIT:
             raise invalid_request(f"logit_bias: {value} for token {key} is outside [-100, 100]", "logit_bias")

@@ -11,9 +11,10 @@ document FastAPI builds is amended here, once, from the same models:
 - ``Directive`` is one branch per span unit (messages for a message span; text or
   token ids, never negative, for a token span);
 - ``GenerateRequest``'s decoding fields take the shapes the chat route declares;
+- ``logit_bias`` keys are decimal token ids and its biases within [-100, 100];
 - ``top_logprobs`` needs ``logprobs: true`` and ``stream_options`` needs ``stream: true``;
 - every integer without a bound is bounded to JSON's exact range (2^53 - 1), which
-  also fits 64 bits;
+  also fits 64 bits (the request models refuse beyond it: ``leyline_sdk.json_numbers``);
 - ``Span`` says in words that ``end >= start``: a schema cannot compare two fields.
 """
 
@@ -24,9 +25,10 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
-from ..api.chat_request import NEEDS_SWITCH, DecodingFields
+from leyline_sdk.json_numbers import JSON_SAFE_INT
 
-JSON_SAFE_INT = 2**53 - 1
+from ..api.chat_request import NEEDS_SWITCH, TOKEN_ID_KEY_PATTERN, DecodingFields
+
 _NOTHING = {"anyOf": [{"type": "null"}, {"type": "array", "maxItems": 0}]}
 
 
@@ -87,6 +89,11 @@ def amend(schema: dict[str, Any]) -> dict[str, Any]:
     models["Directive"]["anyOf"] = _unit_branches()
     models["ChatCompletionRequest"]["allOf"] = _switch_rules()
     models["Span"]["description"] += " `end` is at or after `start`."
+    models["ChatCompletionRequest"]["properties"]["logit_bias"] = {
+        "anyOf": [{"type": "object", "maxProperties": 1024, "propertyNames": {"pattern": TOKEN_ID_KEY_PATTERN},
+                   "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100}}, {"type": "null"}],
+        "default": None, "title": "Logit Bias",
+        "description": "token id (decimal, of the served model's vocabulary) -> bias in [-100, 100]"}
     chat, generate = models["ChatCompletionRequest"]["properties"], models["GenerateRequest"]["properties"]
     for field in DecodingFields.model_fields:
         if field in generate and field in chat:

@@ -169,8 +169,8 @@ def cases() -> list[tuple[str, str, str, Any, int]]:
     # POST /sessions/{id}/generate
     gen = f"/sessions/{VICTIM}/generate"
     new = [msg("user", "one more")]
-    for name, params in {"seed-2^64": {"seed": 2**64}, "seed-low": {"seed": -(2**63) - 1},
-                         "max-tokens-0": {"max_tokens": 0}, "max-tokens-huge": {"max_tokens": 9000},
+    for name, params in {"seed-2^64": {"seed": 2**64}, "seed-low": {"seed": -(2**63) - 1}, "seed-2^53": {"seed": 2**53},
+                         "seed-true": {"seed": True}, "top-k-string": {"top_k": "5"}, "max-tokens-0": {"max_tokens": 0}, "max-tokens-huge": {"max_tokens": 9000},
                          "temperature-neg": {"temperature": -1}, "temperature-3": {"temperature": 3},
                          "top-p-0": {"top_p": 0}, "top-k-neg": {"top_k": -1}, "top-logprobs-21": {"top_logprobs": 21},
                          "stop-surrogate": {"stop": SURROGATE}, "stop-list-surrogate": {"stop": ["a", SURROGATE]},
@@ -237,6 +237,11 @@ def cases() -> list[tuple[str, str, str, Any, int]]:
     add("chat-max-tokens-0", "POST", chat, {"messages": [msg("user")], "max_tokens": 0}, 422)
     add("chat-temperature-5", "POST", chat, {"messages": [msg("user")], "temperature": 5}, 422)
     add("chat-bound-seed", "POST", chat, {**bound, "seed": 2**64}, 422)
+    add("chat-stream-int", "POST", chat, {"messages": [msg("user")], "stream": 0}, 422)
+    add("chat-store-int", "POST", chat, {"messages": [msg("user")], "store": 0}, 422)
+    add("chat-temperature-string", "POST", chat, {"messages": [msg("user")], "temperature": "0.5"}, 422)
+    add("chat-clear-at-least-false", "POST", chat, {"messages": [msg("user")], "context_management": {"edits": [
+        {"type": "clear_tool_uses_20250919", "clear_at_least": {"type": "input_tokens", "value": False}}]}}, 422)
     add("chat-bound-over-cache", "POST", chat, {**bound, "max_tokens": 1000}, 413)
     add("chat-bound-surrogate", "POST", chat, {**bound, "messages": [*edited, msg("user", SURROGATE)]}, 422)
     add("chat-bound-too-many", "POST", chat, {**bound, "messages": edited * 3}, 413)

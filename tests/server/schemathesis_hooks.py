@@ -1,13 +1,23 @@
 """Schemathesis hooks for the contract run (``SCHEMATHESIS_HOOKS=schemathesis_hooks``).
 
-Two rules of the API compare one field with another, which a JSON schema cannot state; the document
+Some rules of the API compare one field with another, which a JSON schema cannot state; the document
 says them in words (``leyline_runtime/server/openapi.py``) and the server answers 422 naming them. The
 generator is told them here, so that a body it calls valid is one the rules allow:
 
 * a span's ``end`` is at or after its ``start``;
-* a ``tool_choice`` that names a function names one of ``tools``;
+* a ``tool_choice`` that names a function names one of ``tools``, and ``required`` needs tools;
+* no two ``tools`` share a name;
 * ``min_tokens`` is at most the reply's token cap (``max_completion_tokens``, ``max_tokens``, or the
   chat route's default when neither is sent).
+
+And one the document cannot know: ``logit_bias`` keys are token ids of the served model's vocabulary
+(the document says decimal ids; ids at or past the vocabulary are a 400 naming its size). The
+generator keeps them under 256, inside any model's vocabulary.
+
+A directive's span must also lie inside the session's current messages or text (422 ``invalid_span``,
+``overlapping_spans``, ``invalid_directive``): an answer about the session's state, as a 404 is, which
+no schema of the request can state; the contract test's configuration counts it as such for
+``/directives`` only.
 """
 
 from __future__ import annotations
@@ -31,6 +41,8 @@ def _spans_ordered(body: dict) -> bool:
 
 def _choice_among_tools(body: dict) -> bool:
     choice = body.get("tool_choice")
+    if choice == "required":  # a tool call is required: there must be tools to call
+        return bool(body.get("tools"))
     if not isinstance(choice, dict):
         return True
     name = (choice.get("function") or {}).get("name") if isinstance(choice.get("function"), dict) else None
@@ -41,14 +53,28 @@ def _choice_among_tools(body: dict) -> bool:
                for t in tools)
 
 
+def _tool_names_unique(body: dict) -> bool:
+    names = [t["function"].get("name") for t in body.get("tools") or []
+             if isinstance(t, dict) and isinstance(t.get("function"), dict)]
+    return len(names) == len(set(map(str, names)))
+
+
 def _min_within_max(body: dict) -> bool:
     least = body.get("min_tokens")
     cap = body.get("max_completion_tokens") or body.get("max_tokens") or DEFAULT_MAX_TOKENS
     return not (isinstance(least, int) and isinstance(cap, int) and least > cap)
 
 
+def _bias_inside_any_vocabulary(body: dict) -> bool:
+    bias = body.get("logit_bias")
+    return not isinstance(bias, dict) or all(not k.isdigit() or int(k) < 256 for k in bias)
+
+
 @schemathesis.hook
-def filter_body(context: Any, body: Any) -> bool:
+def filter_case(context: Any, case: Any) -> bool:
+    """A case-level filter: it also applies to the stateful phase's requests."""
+    body = case.body
     if not isinstance(body, dict):
         return True
-    return _spans_ordered(body) and _choice_among_tools(body) and _min_within_max(body)
+    return (_spans_ordered(body) and _choice_among_tools(body) and _tool_names_unique(body)
+            and _min_within_max(body) and _bias_inside_any_vocabulary(body))
