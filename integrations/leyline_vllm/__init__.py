@@ -11,8 +11,9 @@ Two vLLM plugins ship here:
   ``vllm serve`` Leyline's REST surface for sessions and directives, so the
   unchanged ``leyline_sdk`` clients work against it.
 
-How to enable both: ``docs/vllm.md``. Imports leyline_sdk and leyline_kernels,
-never leyline_runtime.
+How to enable both: ``docs/vllm.md``. Imports leyline_sdk and leyline_kernels, and of
+leyline_runtime only its torch-free parts (``api``: the session routes and the chat turn they
+share with the bundled runtime; ``auto_rule``), as docs/design.md's import table allows.
 """
 
 from __future__ import annotations

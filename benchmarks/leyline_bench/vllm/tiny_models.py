@@ -133,7 +133,8 @@ FAMILIES: dict[str, Family] = {
     "qwen3_next": Family("Qwen3NextConfig", "Qwen3NextForCausalLM",
                          {**_BODY, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
                           "layer_types": ["linear_attention", "full_attention"], "linear_num_key_heads": 2,
-                          "linear_num_value_heads": 4, "linear_key_head_dim": 32, "linear_value_head_dim": 32,
+                          # vLLM's CPU Gated DeltaNet kernel takes only 128-wide heads
+                          "linear_num_value_heads": 4, "linear_key_head_dim": 128, "linear_value_head_dim": 128,
                           "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
                           "shared_expert_intermediate_size": 64},
                          {"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25}),
