@@ -96,9 +96,12 @@ def test_bad_requests_are_4xx_and_change_nothing(client, base_url):
         client.apply(sid, [Directive(span=Span(start=0, end=1), replacement=rep)], expected_version=99)
     with pytest.raises(SessionNotFound):
         client.apply("no-such-session", [Directive(span=Span(start=0, end=1))])
-    for raw in (b"{not json", b'{"session_id": "x", "directives": []}', b"[]"):
+    for raw in (b'{"session_id": "x", "directives": []}', b"[]"):
         r = httpx.post(f"{base_url}/directives", content=raw, headers={"content-type": "application/json"})
         assert r.status_code == 422 and r.json()["error"]["code"] == "validation_error", r.text
+    for raw in (b"{not json", b""):  # not JSON, or no body: the same 400 as on every route
+        r = httpx.post(f"{base_url}/directives", content=raw, headers={"content-type": "application/json"})
+        assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_body", r.text
     r = httpx.post(f"{base_url}/v1/chat/completions", json={"session_id": sid, "messages": []})
     assert r.status_code == 400 and r.json()["error"]["param"] == "messages", r.text  # OpenAI's shape, as bundled
     with pytest.raises(ValidationFailed):  # content is data: the model's control tokens are refused
