@@ -349,3 +349,8 @@ def _plot(out: Path, result: dict) -> None:
                      [f"{n} stream(s)" for n in streams],
                      {arm: [result["tax"]["streams"][n][arm]["median"] for n in streams]
                       for arm in ("plain", "plugin")}, "tokens/s")
+        if all("cpu_s_per_request" in result["tax"]["streams"][n] for n in streams):
+            grouped_bars(out / "vllm_tax_cpu.png", "Server CPU time per request, no Leyline parameters "
+                         "(median)", [f"{n} stream(s)" for n in streams],
+                         {arm: [result["tax"]["streams"][n]["cpu_s_per_request"][arm]["median"] * 1000
+                                for n in streams] for arm in ("plain", "plugin")}, "CPU ms / request")
