@@ -271,12 +271,13 @@ def test_bundled_runtime_and_vllm_agree_on_first_token(client, checkpoint, tol):
     jsd = top_k_jsd(b_top, v_top)
     print(f"\nbundled vs vLLM first-token top-5 JSD after amortize: {jsd:.2e} "
           f"(bundled {sorted(b_top, key=b_top.get, reverse=True)}, vLLM {sorted(v_top, key=v_top.get, reverse=True)})")
-    # the same first choice, up to a tie within the dtype's logprob noise (bf16 on vLLM, fp32 bundled: a run
-    # on AMX saw 'join' and 'Store' swap first place at JSD 3.0e-4)
+    # the same first choice and top-5, up to ties within the two engines' logprob noise (bf16 on vLLM, fp32
+    # bundled: runs on AMX saw 'join' and 'Store' swap first place at JSD 3.0e-4, 'CL' and ' does' the fifth)
+    noise = tol.cross_engine_logprob
     b_best, v_best = max(b_top, key=b_top.get), max(v_top, key=v_top.get)
-    assert b_top.get(v_best, -math.inf) >= b_top[b_best] - tol.logprob, (b_top, v_top)
-    assert v_top.get(b_best, -math.inf) >= v_top[v_best] - tol.logprob, (b_top, v_top)
-    assert_same_top_k_up_to_ties(b_top, v_top, tol.logprob)
+    assert b_top.get(v_best, -math.inf) >= b_top[b_best] - noise, (b_top, v_top)
+    assert v_top.get(b_best, -math.inf) >= v_top[v_best] - noise, (b_top, v_top)
+    assert_same_top_k_up_to_ties(b_top, v_top, noise)
     assert jsd < 1e-3
 
 
