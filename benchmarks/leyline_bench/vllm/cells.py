@@ -258,14 +258,16 @@ def tax_markdown(cell: dict) -> list[str]:
         if "cpu_tax" not in s:  # a run from before the CPU time was measured
             continue
         c, r = s["cpu_s_per_request"], s["cpu_plugin_over_plain"]
-        cpu_rows.append([n, c["plain"]["median"] * 1000, f"{c['plain']['min'] * 1000:.1f}–{c['plain']['max'] * 1000:.1f}",
-                         c["plugin"]["median"] * 1000, f"{c['plugin']['min'] * 1000:.1f}–{c['plugin']['max'] * 1000:.1f}",
-                         r["median"], f"{r['min']:.3f}–{r['max']:.3f}", f"{s['cpu_tax']:+.1%}", f"{s['tax']:+.1%}"])
+        ms = {arm: (c[arm]["median"] * 1000, f"{c[arm]['min'] * 1000:.1f}–{c[arm]['max'] * 1000:.1f}")
+              for arm in ("plain", "plugin")}
+        cpu_rows.append([n, *ms["plain"], *ms["plugin"], r["median"], f"{r['min']:.3f}–{r['max']:.3f}",
+                         f"{s['cpu_tax']:+.1%}", f"{s['tax']:+.1%}"])
     cpu_lines = [] if not cpu_rows else [
         "What the engine spends: CPU seconds per request of the server's processes (API server, EngineCore, "
         "worker: `/proc/<pid>/stat` utime + stime over each measurement), the same measurements as below.", "",
-        md_table(["streams", "plain vLLM CPU ms/request (median)", "range", "with the plugin CPU ms/request (median)",
-                  "range", "plugin / plain (median of pairs)", "range", "CPU tax", "wall-time tax (below)"], cpu_rows), ""]
+        md_table(["streams", "plain vLLM CPU ms/request (median)", "range",
+                  "with the plugin CPU ms/request (median)", "range", "plugin / plain (median of pairs)", "range",
+                  "CPU tax", "wall-time tax (below)"], cpu_rows), ""]
     rows = []
     for n, s in cell["streams"].items():
         rows.append([n, s["plain"]["median"], f"{s['plain']['min']:.1f}–{s['plain']['max']:.1f}",
