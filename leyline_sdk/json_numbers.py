@@ -3,8 +3,8 @@
 pydantic's lax mode takes ``true`` for the integer 1 and ``"5"`` for 5; JSON Schema, which the document
 is written in (and which clients and schemathesis read), calls neither a number. And the document bounds
 every integer to JSON's exact range, ±(2^53 - 1) (RFC 7493, I-JSON), where Python would take any size.
-:class:`JsonModel` closes both gaps for every field whose type is a number (alone, optional, or in a
-list), with one validator; a number written ``5.0`` stays an integer, as JSON Schema has it.
+:class:`JsonModel` closes both gaps for every field whose type is a number (alone, optional, in a list
+or as a mapping's values), with one validator; a number written ``5.0`` stays an integer, as JSON Schema has it.
 """
 
 from __future__ import annotations

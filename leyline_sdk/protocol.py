@@ -12,9 +12,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, field_validator, model_validator
 
-from .json_numbers import JSON_SAFE_INT, JsonModel
-
 from .errors import VersionConflict
+from .json_numbers import JSON_SAFE_INT, JsonModel
 
 Role = Literal["system", "user", "assistant", "tool"]
 # "auto": the runtime chooses amortize, amortize + tail repair, or forget from a measured

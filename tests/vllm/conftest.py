@@ -62,7 +62,7 @@ def checkpoint(tmp_path_factory):
     return make_tiny_mla_checkpoint(tmp_path_factory.mktemp("tiny-mla"))
 
 
-def test_server_env() -> dict[str, str]:
+def hook_env() -> dict[str, str]:
     """The test hooks every MLA test server of this folder runs with."""
     return {"LEYLINE_VLLM_TEST_FAULT_SESSIONS": ",".join(FAULT_SESSIONS),
             "LEYLINE_VLLM_TEST_NO_ROTATE_SESSIONS": ",".join(NO_ROTATE_SESSIONS),
@@ -74,8 +74,8 @@ def test_server_env() -> dict[str, str]:
 def mla_server(checkpoint, workdir, config: MlaConfig | None = None) -> VllmServer:
     """The MLA test server: in ``config`` (default: what vLLM picks on this CPU)."""
     if config is None:
-        return VllmServer(checkpoint, workdir, env=test_server_env())
-    return VllmServer(checkpoint, workdir, env={**test_server_env(), **config.env}, dtype=config.dtype,
+        return VllmServer(checkpoint, workdir, env=hook_env())
+    return VllmServer(checkpoint, workdir, env={**hook_env(), **config.env}, dtype=config.dtype,
                       extra=config.extra)
 
 

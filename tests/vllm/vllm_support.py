@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from leyline_bench.common.vllm_server import has_amx, vllm_on_cpu
+from leyline_bench.common.vllm_server import default_dtype, has_amx, vllm_on_cpu
 
 
 @dataclass(frozen=True)
@@ -36,9 +36,12 @@ def mla_configs() -> list[MlaConfig]:
             MlaConfig("bf16-prefix-cache", "bfloat16", env=force_cache)]
 
 
-def native_mla_config() -> str:
-    """The configuration vLLM picks by itself on this machine."""
-    return "bf16-prefix-cache" if not vllm_on_cpu() or has_amx() else "fp32"
+def native_mla_config() -> str | None:
+    """The configuration the folder's shared server runs in (``VllmServer``'s default dtype on the CPU
+    build, where the dtype decides the MLA backend and so the prefix cache); None where it is neither."""
+    if not vllm_on_cpu():
+        return None  # a GPU keeps its prefix cache in fp32 too: both configurations get a server of their own
+    return {"bfloat16": "bf16-prefix-cache", "float32": "fp32"}[default_dtype()]
 
 
 def cache_config(base_url: str) -> dict[str, str]:

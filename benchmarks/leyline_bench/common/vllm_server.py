@@ -40,6 +40,12 @@ def vllm_on_cpu() -> bool:
         return False
 
 
+def default_dtype() -> str:
+    """The dtype ``VllmServer`` serves without one named: bf16 where vLLM's CPU build has AMX (its AMX
+    attention backends take only bf16), else fp32 (vLLM's CPU attention keeps fp32 caches fast)."""
+    return "bfloat16" if vllm_on_cpu() and has_amx() else "float32"
+
+
 def real_weights_dtype() -> str:
     """The dtype a real bf16 checkpoint is served in: bf16, except where vLLM runs on a CPU that only
     emulates it (no AVX512-BF16, no AMX), where fp32 is the fast one. Measured on a 2-core AVX2-only AMD
@@ -90,8 +96,7 @@ class VllmServer:
         self.workdir = Path(workdir)
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
-        # vLLM's CPU attention keeps fp32 caches fast without AMX; ``dtype`` forces one (a bf16 check anywhere)
-        self.dtype = dtype or ("bfloat16" if vllm_on_cpu() and has_amx() else "float32")
+        self.dtype = dtype or default_dtype()  # ``dtype`` forces one (a bf16 check anywhere)
         self.plugin = plugin
         self.cmd = serve_command(model, self.port, dtype=self.dtype, max_model_len=max_model_len,
                                  block_size=block_size, extra=extra, plugin=plugin)

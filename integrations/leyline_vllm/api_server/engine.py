@@ -38,13 +38,12 @@ class EngineResult:
         return self.prompt_len - (self.report.local_hit + self.report.loaded)
 
 
-def _report(final, kv_params: dict, prompt_len: int, generated: int) -> LoadReport:
-    """The connector's report on ``final``, or (where vLLM's frontend finished it) the one rebuilt."""
-    report = LoadReport.from_output(final.kv_transfer_params)
-    if not kv_params or report.reported:
-        return report
-    completion = final.outputs[0]
-    cached = final.num_cached_tokens or 0  # vLLM's count: its prefix cache and the connector's load
+def _report(final, completion, kv_params: dict, prompt_len: int, cached: int) -> LoadReport:
+    """The connector's report on ``final``, or (where vLLM's frontend finished it) the one rebuilt;
+    ``cached``: vLLM's count of the prompt tokens it did not compute (its prefix cache and the load)."""
+    if not kv_params or (final.kv_transfer_params or {}).get(PARAMS_KEY):
+        return LoadReport.from_output(final.kv_transfer_params)
+    generated = len(completion.token_ids)
     if completion.finish_reason == "stop" and isinstance(completion.stop_reason, str):
         save = kv_params["kv_transfer_params"][PARAMS_KEY].get("save")
         return LoadReport(local_hit=cached, saved=save, saved_tokens=prompt_len + max(0, generated - 1) if save else 0)
@@ -65,8 +64,9 @@ async def run_prompt(engine_client, prompt_ids: list[int], sampling: dict, kv_pa
     async for out in engine_client.generate(prompt, params, request_id=f"leyline-{uuid.uuid4().hex}"):
         final = out
     completion = final.outputs[0]
+    cached = final.num_cached_tokens or 0
     return EngineResult(
         token_ids=list(completion.token_ids), text=completion.text, finish_reason=completion.finish_reason,
-        prompt_len=len(prompt_ids), num_cached_tokens=final.num_cached_tokens or 0,
-        report=_report(final, kv_params, len(prompt_ids), len(completion.token_ids)), logprobs=completion.logprobs,
+        prompt_len=len(prompt_ids), num_cached_tokens=cached,
+        report=_report(final, completion, kv_params, len(prompt_ids), cached), logprobs=completion.logprobs,
         planned=bool(kv_params))

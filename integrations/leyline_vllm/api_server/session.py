@@ -15,7 +15,9 @@ from .row_plan import Snapshot
 
 # The tests' negative control (never set in production): these sessions' approximate rows run unsalted,
 # so vLLM's prefix cache may hand them to another request, which the isolation tests must then catch.
+# Read once, when the API server imports this module.
 UNSALTED_ENV = "LEYLINE_VLLM_TEST_UNSALTED_SESSIONS"
+_UNSALTED = frozenset(s for s in os.environ.get(UNSALTED_ENV, "").split(",") if s)
 
 
 @dataclass
@@ -32,7 +34,7 @@ class VllmSession:
     _keys: int = 0
 
     def __post_init__(self) -> None:
-        if self.session_id in os.environ.get(UNSALTED_ENV, "").split(","):
+        if self.session_id in _UNSALTED:
             self.salt = ""  # run_prompt sends no cache_salt
 
     def new_key(self) -> str:

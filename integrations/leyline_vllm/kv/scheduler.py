@@ -157,7 +157,8 @@ class SchedulerSide:
             holds.relieve(len(scheduler_output.num_scheduled_tokens))  # each running request's next block
             meta.spills = holds.take_spills()
             meta.released = holds.take_released()
-        if self._unheld:  # finished without a hold (aborted): the worker forgets where their rows were
+        # finished without a hold (before their prompt was computed, or failed): the worker forgets their rows
+        if self._unheld:
             meta.released += self._unheld
             self._unheld = []
         if self._host_drops:

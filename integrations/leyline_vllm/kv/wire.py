@@ -78,12 +78,8 @@ class LoadReport:
     saved_tokens: int = 0  # rows saved: the prompt, then the generated tokens whose KV exists
     residency: dict | None = None  # held blocks / bytes, host-tier bytes, releases by reason
 
-    reported: bool = False  # the connector wrote it (False: vLLM's output carried none)
-
     @classmethod
     def from_output(cls, kv_transfer_params: dict | None) -> "LoadReport":
-        raw = (kv_transfer_params or {}).get(PARAMS_KEY)
-        if not raw:
-            return cls()
+        raw = (kv_transfer_params or {}).get(PARAMS_KEY) or {}
         return cls(raw.get("local_hit", 0), raw.get("loaded", 0), raw.get("fallback"), raw.get("saved"),
-                   raw.get("saved_tokens", 0), raw.get("residency"), reported=True)
+                   raw.get("saved_tokens", 0), raw.get("residency"))
