@@ -3,15 +3,17 @@
 Needs a running runtime: LEYLINE_BASE_URL (default http://127.0.0.1:8000), LEYLINE_API_KEY.
 """
 
-from leyline_sdk import Directive, LeylineClient, Message, Span
+from leyline_sdk import Directive, FunctionCall, LeylineClient, Message, Span, ToolCall
 
+calculator_call = ToolCall(id="call_1",
+                           function=FunctionCall(name="calculator", arguments='{"expression": "37*12-5"}'))
 history = [
     Message(role="system", content="You are a careful agent. Use tools when needed."),
     Message(role="user", content="What is 37*12-5?"),
     Message(role="assistant", content="Computing 37*12- first."),  # a failed attempt ...
     Message(role="user", content="That expression is incomplete."),  # ... and its correction
-    Message(role="assistant", content="37*12-5 = 439."),
-    Message(role="user", content="And plus 1?"),
+    Message(role="assistant", content=None, tool_calls=[calculator_call]),  # the calculator, called right
+    Message(role="tool", tool_call_id="call_1", content="439"),
 ]
 
 with LeylineClient() as client:
@@ -24,6 +26,7 @@ with LeylineClient() as client:
     print("tokens", result.num_tokens, "applied", outcome.applied_mode, "rotated", outcome.rotated_tokens,
           "recomputed", outcome.recomputed_tokens)
 
-    reply = client.generate(session.session_id, max_tokens=16)  # greedy: temperature 0 is the default
+    # The reply reads the calculator's result; greedy: temperature 0 is the default.
+    reply = client.generate(session.session_id, max_tokens=16)
     print("reply", repr(reply.message.content), "cached", reply.usage.cached_tokens)
     client.delete_session(session.session_id)
