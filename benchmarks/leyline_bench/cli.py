@@ -47,7 +47,7 @@ def build_parser(load: tuple[str, ...] | None = None) -> argparse.ArgumentParser
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     if load:
-        require("bench", "leyline-bench")
+        require("runtime", "leyline-bench")
     for name, (module_name, help_text) in COMMANDS.items():
         if name not in load:
             sub.add_parser(name, help=help_text)

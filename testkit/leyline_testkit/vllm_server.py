@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,6 +18,7 @@ from pathlib import Path
 import httpx
 
 from .cpu import has_amx, has_native_bf16
+from .ports import free_port
 
 SERVED_MODEL_NAME = "leyline-tiny"  # what the tests and benches ask for, whichever checkpoint is served
 # vLLM's CPU build reserves one more core per rank (for NIXL) whenever any KV connector is configured;
@@ -51,12 +51,6 @@ def real_weights_dtype() -> str:
     emulates it (no AVX512-BF16, no AMX), where fp32 is the fast one. Measured on a 2-core AVX2-only AMD
     EPYC: one real edit of ``drift-real --vllm`` took 580 s in bf16 and 148 s in fp32."""
     return "float32" if vllm_on_cpu() and not has_native_bf16() else "bfloat16"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def serve_command(model: str | Path, port: int, *, dtype: str, max_model_len: int = 4096,

@@ -84,7 +84,7 @@ def test_engine_defaults_fit_the_served_model():
 
     from leyline_bench.agent.agent import engine_defaults
 
-    from leyline_bench.common.vllm_server import real_weights_dtype
+    from leyline_testkit.vllm_server import real_weights_dtype
 
     runtime = argparse.Namespace(engine="runtime", max_tokens=None, system_prompt=None, dtype=None)
     vllm = argparse.Namespace(engine="vllm", max_tokens=None, system_prompt=None, dtype=None)

@@ -9,8 +9,8 @@ import sys
 import pytest
 
 from leyline_bench import cli
-from leyline_bench.common import cpu, vllm_server
-from leyline_bench.common.vllm_server import CONNECTOR_CONFIG, VllmServer, serve_command
+from leyline_testkit import cpu, vllm_server
+from leyline_testkit.vllm_server import CONNECTOR_CONFIG, VllmServer, serve_command
 from leyline_bench.vllm import vllm
 from leyline_bench.vllm.cells import (
     CELLS,
@@ -21,7 +21,7 @@ from leyline_bench.vllm.cells import (
     spread,
     tax_schedule,
 )
-from leyline_bench.vllm.tiny_models import FAMILIES, SHAPES, parameter_count, runtime_tokenizer_file, shape_config
+from leyline_testkit.tiny_models import FAMILIES, SHAPES, parameter_count, runtime_tokenizer_file, shape_config
 from leyline_runtime.text.tokenizer import ChatTokenizer
 
 

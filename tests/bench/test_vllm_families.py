@@ -1,4 +1,4 @@
-"""The tiny checkpoints of ``leyline_bench.vllm.tiny_models.FAMILIES``: each is written, loads in
+"""The tiny checkpoints of ``leyline_testkit.tiny_models.FAMILIES``: each is written, loads in
 transformers, and its layer-0 keys rotate the way the family claims (pairing, rotary
 slice, frequencies and scaling), checked against an fp64 reference written here.
 
@@ -15,7 +15,7 @@ import pytest
 import torch
 from server_support import torch_threads
 
-from leyline_bench.vllm.tiny_models import FAMILIES, MARKER, make_tiny_checkpoint, make_tiny_mla_checkpoint
+from leyline_testkit.tiny_models import FAMILIES, MARKER, make_tiny_checkpoint, make_tiny_mla_checkpoint
 
 POSITIONS = 8
 

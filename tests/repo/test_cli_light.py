@@ -134,8 +134,8 @@ def one_line(stderr: str) -> str:
 
 @pytest.mark.parametrize(("module", "argv", "extra"), [
     ("leyline_runtime.cli", ["serve"], "runtime"),
-    ("leyline_training.__main__", ["evaluate", "--tasks", "1"], "train"),
-    ("leyline_bench.cli", ["edit", "--quick"], "bench"),
+    ("leyline_training.__main__", ["evaluate", "--tasks", "1"], "runtime"),
+    ("leyline_bench.cli", ["edit", "--quick"], "runtime"),
 ])
 def test_a_command_without_its_extra_says_what_to_install(module, argv, extra):
     code, _, err, _ = run_cli(module, argv, blocked=("torch",))

@@ -1,12 +1,14 @@
-"""Both wheels, built the way ``make dist`` builds them, installed into throwaway venvs.
+"""What the product ships, and both wheels, built the way ``make dist`` builds them, installed into throwaway venvs.
 
+* ``leyline-kv`` (``pip install .``) packages no bench, training or testkit code: those folders are
+  distributions of their own (checked fast, by what setuptools finds, and in the built wheel);
 * ``leyline-kv-sdk`` holds ``leyline_sdk`` alone, is < 1 MB, has no console
   scripts, and installs and works where torch is not installed;
 * ``leyline-kv`` installs beside Hugging Face's ``kernels`` and PyPI's
   ``integrations`` (the names our folders carry) and all of them import from
   their own files; its console scripts answer without torch, naming the extra.
 
-These need pip to reach an index (the local mirror or PyPI) and take a minute or two.
+The wheel tests need pip to reach an index (the local mirror or PyPI) and take a minute or two (marked slow).
 """
 
 from __future__ import annotations
@@ -19,9 +21,26 @@ from pathlib import Path
 
 import pytest
 from installs import ok, python, run, venv
+from setuptools.config.pyprojecttoml import read_configuration
 
 ROOT = Path(__file__).resolve().parents[2]
-pytestmark = pytest.mark.slow
+PRODUCT = {"leyline_sdk", "leyline_runtime", "leyline_kernels", "leyline_langchain", "leyline_vllm"}
+NOT_THE_PRODUCT = ("leyline_bench", "leyline_training", "leyline_testkit")
+
+
+def test_the_product_packages_no_bench_training_or_testkit_code():
+    # what `pip install .` builds: setuptools expands the root pyproject's package finder as the build does
+    found = read_configuration(ROOT / "pyproject.toml", expand=True)["tool"]["setuptools"]["packages"]
+    assert {name.split(".")[0] for name in found} == PRODUCT
+    # and each of the others is a distribution of its own, with its console script where it has one
+    for folder, distribution, script in (("benchmarks", "leyline-bench", "leyline-bench"),
+                                         ("training", "leyline-training", "leyline-train"),
+                                         ("testkit", "leyline-testkit", None)):
+        config = read_configuration(ROOT / folder / "pyproject.toml", expand=True)
+        assert config["project"]["name"] == distribution
+        assert {name.split(".")[0] for name in config["tool"]["setuptools"]["packages"]} == {
+            distribution.replace("-", "_")}
+        assert list(config["project"].get("scripts", {})) == ([script] if script else [])
 
 
 @pytest.fixture(scope="module")
@@ -31,6 +50,7 @@ def wheels(tmp_path_factory) -> dict[str, Path]:
     return {"full": next(out.glob("leyline_kv-*.whl")), "sdk": next(out.glob("leyline_kv_sdk-*.whl"))}
 
 
+@pytest.mark.slow
 def test_sdk_wheel_is_the_sdk_alone(wheels):
     wheel = wheels["sdk"]
     assert wheel.stat().st_size < 1_000_000
@@ -45,17 +65,21 @@ def test_sdk_wheel_is_the_sdk_alone(wheels):
     assert requires == ["httpx", "pydantic"]
 
 
-def test_full_wheel_has_every_package_and_no_clashing_name(wheels):
+@pytest.mark.slow
+def test_full_wheel_has_the_product_alone_and_no_clashing_name(wheels):
     with zipfile.ZipFile(wheels["full"]) as z:
         names = z.namelist()
+        entry_points = z.read(next(n for n in names if n.endswith(".dist-info/entry_points.txt"))).decode()
     tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
-    assert tops == {"leyline_sdk", "leyline_runtime", "leyline_kernels", "leyline_langchain", "leyline_bench",
-                    "leyline_training"} | ({"leyline_vllm"} if (ROOT / "integrations" / "leyline_vllm").is_dir() else set())
-    for package in tops - {"leyline_bench", "leyline_training"}:
+    assert tops == PRODUCT
+    assert not [n for n in names if n.startswith(NOT_THE_PRODUCT)]
+    assert "leyline-bench" not in entry_points and "leyline-train" not in entry_points
+    for package in tops:
         assert f"{package}/py.typed" in names
     assert "leyline_runtime/default_model/config.json" in names
 
 
+@pytest.mark.slow
 def test_sdk_wheel_installs_and_works_without_torch(wheels, tmp_path):
     py = venv(tmp_path / "sdk-venv")
     ok(run([str(py), "-m", "pip", "install", "-q", str(wheels["sdk"])], cwd=tmp_path))
@@ -79,6 +103,7 @@ def test_sdk_wheel_installs_and_works_without_torch(wheels, tmp_path):
     assert report == {**report, "health": {"status": "ok"}, "edits": 1, "torch": False, "runtime": False, "scripts": []}
 
 
+@pytest.mark.slow
 def test_full_wheel_installs_beside_kernels_and_integrations(wheels, tmp_path):
     home = tmp_path / "full-venv"
     py = venv(home)
@@ -87,13 +112,13 @@ def test_full_wheel_installs_beside_kernels_and_integrations(wheels, tmp_path):
     # its package itself imports on 3.11 with pydantic and cryptography, which is all we need here.
     ok(run([str(py), "-m", "pip", "install", "-q", "--no-deps", "--ignore-requires-python", "integrations"], cwd=tmp_path))
 
-    # Without the runtime extra the console scripts answer in one line that names it.
+    # Without the runtime extra the console script answers in one line that names it; the benches' is not there.
     bin_dir = home / "bin"
     assert "usage: leyline-runtime" in ok(run([str(bin_dir / "leyline-runtime"), "serve", "--help"], cwd=tmp_path))
-    for script, extra in (("leyline-runtime", "runtime"), ("leyline-bench", "bench")):
-        result = run([str(bin_dir / script), *(["serve"] if script == "leyline-runtime" else ["edit"])], cwd=tmp_path)
-        assert result.returncode == 1 and result.stderr.strip().count("\n") == 0, result.stderr
-        assert f"pip install -e '.[{extra}]'" in result.stderr
+    result = run([str(bin_dir / "leyline-runtime"), "serve"], cwd=tmp_path)
+    assert result.returncode == 1 and result.stderr.strip().count("\n") == 0, result.stderr
+    assert "pip install -e '.[runtime]'" in result.stderr
+    assert not (bin_dir / "leyline-bench").exists() and not (bin_dir / "leyline-train").exists()
 
     # With torch and the other extras visible (this interpreter's packages, after the venv's own),
     # every package imports, each from its own files.

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SCANNED = ["benchmarks", "training", "integrations", "tests", "examples"]
+SCANNED = ["benchmarks", "training", "testkit", "integrations", "tests", "examples"]
 WHITE_BOX = [ROOT / "tests" / "runtime"]  # the runtime's own unit tests
 RUNTIME_NAMES = {"runtime", "rt", "_runtime", "_rt"}
 OWNED_STATE = {"blocks", "pool"}  # the block manager and the pool: the runtime's alone

@@ -19,8 +19,8 @@ import os
 
 import pytest
 
-from leyline_bench.vllm.tiny_models import make_tiny_mla_checkpoint
-from leyline_bench.common.vllm_server import VllmServer
+from leyline_testkit.tiny_models import make_tiny_mla_checkpoint
+from leyline_testkit.vllm_server import VllmServer
 from tolerances import TOLERANCE, Tolerance
 from vllm_support import MlaConfig, cache_config
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import httpx
 
-from leyline_bench.common.vllm_server import free_port
+from leyline_testkit.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 SITE_CONFIG = REPO / "deploy" / "nginx-leyline.conf"

@@ -16,7 +16,7 @@ pytest.importorskip("vllm", reason="vLLM is not installed here: run `make test-v
 pytest.importorskip("langchain")
 
 from leyline_bench.cli import main  # noqa: E402
-from leyline_bench.vllm.tiny_models import make_tiny_checkpoint  # noqa: E402
+from leyline_testkit.tiny_models import make_tiny_checkpoint  # noqa: E402
 
 
 def test_quick_vllm_run_serves_each_arm_on_its_own_server(tmp_path):

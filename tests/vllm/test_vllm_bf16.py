@@ -30,8 +30,8 @@ from leyline_bench.vllm.checks import (
     splice_info,
     split_rope,
 )
-from leyline_bench.vllm.tiny_models import make_tiny_checkpoint
-from leyline_bench.common.vllm_server import VllmServer
+from leyline_testkit.tiny_models import make_tiny_checkpoint
+from leyline_testkit.vllm_server import VllmServer
 from leyline_sdk import LeylineClient
 
 from test_vllm_directives import assert_same_generation

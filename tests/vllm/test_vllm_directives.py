@@ -18,7 +18,7 @@ import pytest
 
 from leyline_sdk import LeylineClient
 from leyline_bench.vllm.checks import REPLACEMENT, edited, greedy, history, rows
-from leyline_bench.common.vllm_server import SERVED_MODEL_NAME
+from leyline_testkit.vllm_server import SERVED_MODEL_NAME
 from leyline_sdk.protocol import Directive, Message, Span
 from conftest import mla_server
 from vllm_support import mla_configs, native_mla_config

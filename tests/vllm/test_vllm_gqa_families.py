@@ -34,11 +34,11 @@ from leyline_bench.vllm.checks import (
     splice_info,
     split_rope,
 )
-from leyline_bench.vllm.tiny_models import make_tiny_checkpoint
-from leyline_bench.common.vllm_server import VllmServer
+from leyline_testkit.tiny_models import make_tiny_checkpoint
+from leyline_testkit.vllm_server import VllmServer
 from leyline_sdk import LeylineClient
 from leyline_sdk.protocol import Directive, Span
-from leyline_bench.common.vllm_server import SERVED_MODEL_NAME
+from leyline_testkit.vllm_server import SERVED_MODEL_NAME
 from test_vllm_directives import assert_same_generation
 from tolerances import TOLERANCE
 
@@ -58,7 +58,7 @@ class Expected:
     compared_tokens: int = 6
 
 
-# Every family of leyline_bench.vllm.tiny_models.FAMILIES but deepseek_v2 (MLA: test_vllm_directives.py).
+# Every family of leyline_testkit.tiny_models.FAMILIES but deepseek_v2 (MLA: test_vllm_directives.py).
 EXPECTED = {
     "llama3": Expected("Llama3RotaryEmbedding", "half_split"),
     "llama_linear": Expected("LinearScalingRotaryEmbedding", "half_split"),

@@ -25,8 +25,9 @@ import pytest
 
 from kv_router import EventSubscriber
 from leyline_bench.vllm.checks import REPLACEMENT, chat_ids, edit_directive, edited, history
-from leyline_bench.vllm.tiny_models import make_tiny_checkpoint
-from leyline_bench.common.vllm_server import SERVED_MODEL_NAME, VllmServer, free_port
+from leyline_testkit.tiny_models import make_tiny_checkpoint
+from leyline_testkit.ports import free_port
+from leyline_testkit.vllm_server import SERVED_MODEL_NAME, VllmServer
 from leyline_sdk import LeylineClient
 from leyline_sdk.protocol import Directive, Span
 

@@ -24,7 +24,7 @@ import pytest
 from leyline_bench import weights
 from leyline_bench.sessions.load import load_sessions
 from leyline_bench.vllm.checks import fresh_completion, greedy, layer0_errors, rows, splice_info
-from leyline_bench.common.vllm_server import VllmServer, real_weights_dtype
+from leyline_testkit.vllm_server import VllmServer, real_weights_dtype
 from leyline_sdk import LeylineClient
 from leyline_sdk.protocol import Directive, Message, Span
 
@@ -129,7 +129,7 @@ def test_gemma3_is_served_and_refused_by_name(gemma):
     naming it, never a 500."""
     import httpx
 
-    from leyline_bench.common.vllm_server import SERVED_MODEL_NAME
+    from leyline_testkit.vllm_server import SERVED_MODEL_NAME
     from leyline_sdk.errors import ValidationFailed
 
     splice = splice_info(gemma.base_url)

@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 import httpx
 import pytest
 
-from leyline_bench.vllm.tiny_models import make_tiny_checkpoint
-from leyline_bench.common.vllm_server import VllmServer
+from leyline_testkit.tiny_models import make_tiny_checkpoint
+from leyline_testkit.vllm_server import VllmServer
 from leyline_sdk import AsyncLeylineClient, LeylineClient, LeylineMemory
 
 from replicas_support import REPO, SITE_CONFIG, Router, metric, nginx_binary, sessions_on

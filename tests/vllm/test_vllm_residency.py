@@ -16,7 +16,7 @@ import httpx
 import numpy as np
 import pytest
 
-from leyline_bench.common.vllm_server import SERVED_MODEL_NAME, VllmServer, has_amx, vllm_on_cpu
+from leyline_testkit.vllm_server import SERVED_MODEL_NAME, VllmServer, has_amx, vllm_on_cpu
 from leyline_sdk import LeylineClient
 from leyline_sdk.protocol import Directive, Message, Span
 

@@ -23,7 +23,7 @@ from leyline_sdk.errors import (
     ValidationFailed,
     VersionConflict,
 )
-from leyline_bench.common.vllm_server import SERVED_MODEL_NAME
+from leyline_testkit.vllm_server import SERVED_MODEL_NAME
 from leyline_sdk.protocol import Directive, Message, Span
 
 REPO = Path(__file__).resolve().parents[2]
@@ -158,7 +158,7 @@ def test_benchmark_histories_in_api_layout_are_accepted(client):
     from leyline_bench.common.histories import history_of_length
     from leyline_bench.vllm.vllm import api_layout
     from leyline_runtime.text.tokenizer import ChatTokenizer
-    from leyline_bench.vllm.tiny_models import runtime_tokenizer_file
+    from leyline_testkit.tiny_models import runtime_tokenizer_file
 
     history = history_of_length(ChatTokenizer.from_file(runtime_tokenizer_file()), 512)
     with pytest.raises(ValidationFailed):

@@ -22,7 +22,7 @@ import uuid
 import httpx
 import pytest
 
-from leyline_bench.common.vllm_server import SERVED_MODEL_NAME
+from leyline_testkit.vllm_server import SERVED_MODEL_NAME
 from leyline_bench.vllm.checks import REPLACEMENT, edited, history
 from leyline_sdk import LeylineClient
 from leyline_sdk.protocol import Message

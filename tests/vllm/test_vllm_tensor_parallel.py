@@ -26,8 +26,8 @@ from leyline_bench.vllm.checks import (
     rows,
     splice_info,
 )
-from leyline_bench.vllm.tiny_models import make_tiny_checkpoint
-from leyline_bench.common.vllm_server import VllmServer, vllm_on_cpu
+from leyline_testkit.tiny_models import make_tiny_checkpoint
+from leyline_testkit.vllm_server import VllmServer, vllm_on_cpu
 from leyline_sdk import LeylineClient
 
 from test_vllm_directives import assert_same_generation

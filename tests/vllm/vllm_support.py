@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from leyline_bench.common.vllm_server import default_dtype, has_amx, vllm_on_cpu
+from leyline_testkit.vllm_server import default_dtype, has_amx, vllm_on_cpu
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from leyline_training.cli import EVALUATE_HELP, TRAIN_HELP, add_evaluate_argumen
 
 
 def _run_train(args: argparse.Namespace) -> int:
-    require("train", "leyline-train train")
+    require("runtime", "leyline-train train")
     from leyline_training import train
 
     train.run(args)
@@ -24,7 +24,7 @@ def _run_train(args: argparse.Namespace) -> int:
 
 
 def _run_evaluate(args: argparse.Namespace) -> int:
-    require("train", "leyline-train evaluate")
+    require("runtime", "leyline-train evaluate")
     from leyline_training import evaluate
 
     evaluate.run(args)

@@ -29,10 +29,10 @@ from .report import markdown, plot
 from .run import ARMS, run_task
 from .tasks import FAMILIES, LATENCIES, LOG_LINES, TASK_KINDS, make_tasks
 from ..common.arguments import comma_list
-from ..common.cpu import cpu_model, has_amx
+from leyline_testkit.cpu import cpu_model, has_amx
 from ..common.output import write_results
 from ..common.stats import percentile
-from ..common.vllm_server import real_weights_dtype
+from leyline_testkit.vllm_server import real_weights_dtype
 
 NAME = "agent"
 

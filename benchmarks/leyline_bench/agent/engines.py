@@ -123,7 +123,7 @@ class VllmArm:
         return self.server.base_url
 
     def start(self) -> None:
-        from ..common.vllm_server import VllmServer
+        from leyline_testkit.vllm_server import VllmServer
 
         self.server = VllmServer(self.folder, self.workdir / f"server-{len(self.info['restarts'])}",
                                  dtype=self.args.dtype, block_size=self.args.block_size)
@@ -153,7 +153,7 @@ class VllmArm:
 
 
 class VllmEngine:
-    """``vllm serve`` with Leyline's plugin, a fresh server per arm (``leyline_bench.common.vllm_server``)."""
+    """``vllm serve`` with Leyline's plugin, a fresh server per arm (``leyline_testkit.vllm_server``)."""
 
     name = "vllm"
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import httpx
 
-from .vllm_server import free_port
+from leyline_testkit.ports import free_port
 
 LLAMA_SERVER = Path(__file__).resolve().parents[3] / ".llama.cpp" / "bin" / "llama-server"
 CACHE_REUSE = 256

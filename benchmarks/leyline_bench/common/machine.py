@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from .cpu import cpu_isa, cpu_model
+from leyline_testkit.cpu import cpu_isa, cpu_model
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 

@@ -36,7 +36,7 @@ from .journal import Journal, each_edit
 from .llama_peer import peer_record, summarise as peer_summary
 from . import vllm_peer
 from ..common.output import write_results
-from ..common.vllm_server import real_weights_dtype
+from leyline_testkit.vllm_server import real_weights_dtype
 from .real_case import history_rows, run_edit
 from .real_edits import KINDS, Renderer, select_edits
 from .real_modes import mode_names

@@ -55,7 +55,7 @@ from leyline_sdk.diff import diff_messages
 from leyline_sdk.protocol import Directive, Message, Span
 from ..common.output import fmt, md_table
 from ..common.stats import mean, percentile
-from ..common.vllm_server import SERVED_MODEL_NAME, VllmServer
+from leyline_testkit.vllm_server import SERVED_MODEL_NAME, VllmServer
 from .drift_oracle import diff
 from .real_edits import RealEdit
 from .real_modes import agreeing_prefix

@@ -20,7 +20,6 @@ import asyncio
 import json
 import os
 import random
-import socket
 import subprocess
 import sys
 import tempfile
@@ -31,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+from leyline_testkit.ports import free_port
 
 from ..common import plots
 from ..common.output import md_table, write_results
@@ -62,12 +62,6 @@ class Record:
 
 
 # --- the server -----------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def rss_bytes(pid: int) -> int:

@@ -30,7 +30,7 @@ import httpx
 
 from .turns import wire
 from ..common.llama_server import LlamaServer
-from ..common.vllm_server import SERVED_MODEL_NAME, VllmServer
+from leyline_testkit.vllm_server import SERVED_MODEL_NAME, VllmServer
 
 ARMS = ("vllm_plain", "leyline_amortize", "leyline_auto", "llama_cpp", "runtime")
 PREFILL_METRIC = "vllm:request_prefill_time_seconds_sum"

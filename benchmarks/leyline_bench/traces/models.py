@@ -102,7 +102,7 @@ def _real_qwen(workdir: Path, cap: int, wanted: list[str]) -> Model:
 
 def _random_qwen3(label: str, workdir: Path, cap: int, wanted: list[str]) -> Model:
     from .gguf import write_qwen3_gguf
-    from ..vllm.tiny_models import SHAPES, make_tiny_checkpoint
+    from leyline_testkit.tiny_models import SHAPES, make_tiny_checkpoint
 
     shape = "qwen3-1.7b" if label == "qwen3-1.7b-shape" else "tiny"
     max_len = 2 * cap + 1024
@@ -122,7 +122,7 @@ def _random_qwen3(label: str, workdir: Path, cap: int, wanted: list[str]) -> Mod
 def _runtime(workdir: Path, cap: int, wanted: list[str]) -> Model:
     from leyline_runtime.text.tokenizer import ChatTokenizer
 
-    from ..vllm.tiny_models import runtime_tokenizer_file
+    from leyline_testkit.tiny_models import runtime_tokenizer_file
 
     tok = ChatTokenizer.from_file(runtime_tokenizer_file())
     header = tok.role_ids["assistant"]  # the generation prompt: the assistant's role token

@@ -202,7 +202,7 @@ class AnthropicClear(AppendOnly):
         from leyline_runtime.api.chat_request import ContextManagement
         from leyline_runtime.text.tokenizer import ChatTokenizer
 
-        from ..vllm.tiny_models import runtime_tokenizer_file
+        from leyline_testkit.tiny_models import runtime_tokenizer_file
 
         self.context_management = {"edits": [{
             "type": "clear_tool_uses_20250919",

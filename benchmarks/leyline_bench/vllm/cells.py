@@ -33,7 +33,7 @@ from leyline_sdk.tools_prompt import TOOLS_MESSAGE_ID, TOOLS_PREAMBLE
 
 from ..common.output import md_table
 from ..common.process_cpu import group_cpu_seconds
-from ..common.vllm_server import SERVED_MODEL_NAME
+from leyline_testkit.vllm_server import SERVED_MODEL_NAME
 
 CELLS = ("edits", "shared", "replay", "tax")
 MODEL = SERVED_MODEL_NAME  # the name the bench server is started under
@@ -198,7 +198,7 @@ def rounds_per_stream(requests: int, streams: int) -> int:
 
 def tax_cell(model: Path, workdir: Path, *, repeats: int, tokens: int = 64, requests: int = 64,
              streams: tuple[int, ...] = TAX_STREAMS) -> dict:
-    from ..common.vllm_server import VllmServer
+    from leyline_testkit.vllm_server import VllmServer
 
     servers = {"plain": VllmServer(model, workdir / "serve-plain", plugin=False),
                "plugin": VllmServer(model, workdir / "serve-plugin")}

@@ -27,7 +27,7 @@ import numpy as np
 from leyline_sdk import LeylineClient
 from leyline_sdk.protocol import Directive, Message, Span
 
-from ..common.vllm_server import SERVED_MODEL_NAME
+from leyline_testkit.vllm_server import SERVED_MODEL_NAME
 
 TOPICS = ["the harbour", "a wool market", "the night train", "an old lighthouse", "the river delta",
           "a mountain pass", "the salt flats", "a paper mill", "the orchard", "a copper mine"]

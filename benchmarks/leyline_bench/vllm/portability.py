@@ -35,7 +35,7 @@ import traceback
 from pathlib import Path
 
 from ..common.output import fmt, md_table, write_results
-from .tiny_models import FAMILIES
+from leyline_testkit.tiny_models import FAMILIES
 
 TITLE = "Leyline's vLLM plugin across RoPE families"
 QUICK_FAMILIES = ("qwen3", "gpt_oss")  # one spliced, one refused
@@ -115,8 +115,8 @@ def measure_family(name: str, workdir: Path, tokens: int, repeats: int) -> dict:
 
     from .vllm import prefix_cache_disabled
     from .checks import splice_info
-    from .tiny_models import make_tiny_checkpoint, shape_config
-    from ..common.vllm_server import VllmServer
+    from leyline_testkit.tiny_models import make_tiny_checkpoint, shape_config
+    from leyline_testkit.vllm_server import VllmServer
 
     started = time.perf_counter()
     out: dict = {"config": shape_config(name)}
@@ -181,7 +181,7 @@ def ttft_cells(client, server, tokens: int, repeats: int, warm: bool) -> dict:
     from leyline_vllm.api_server.template import ChatRenderer
 
     from .vllm import POSITIONS, edit_cell
-    from .tiny_models import runtime_tokenizer_file
+    from leyline_testkit.tiny_models import runtime_tokenizer_file
 
     tok = ChatTokenizer.from_file(runtime_tokenizer_file())
     renderer = ChatRenderer(AutoTokenizer.from_pretrained(server.model))  # the prompts the plugin builds
@@ -241,7 +241,7 @@ def _preamble(result: dict) -> str:
     starts = [f["engine"]["startup_s"] for f in fams if f["engine"]["startup_s"] is not None]
     cells = next((f["ttft"]["cells"] for f in fams if "ttft" in f), [])
     at = " / ".join(str(c["edit_start_token"]) for c in cells) or "–"
-    return (f"Tiny random checkpoints of `leyline_bench.vllm.tiny_models.FAMILIES` (hidden 256, 2 layers), each on "
+    return (f"Tiny random checkpoints of `leyline_testkit.tiny_models.FAMILIES` (hidden 256, 2 layers), each on "
             f"its own `vllm serve` with Leyline's plugins ({result.get('vllm') or 'vLLM'}, `--block-size 32`, "
             f"{', '.join(dtypes) or '–'} cache; server start {_range(starts)} s). Rotation: one edit amortized, "
             f"layer-0 rows of the moved tokens against a fresh prefill's, max error over the largest value. "

@@ -48,7 +48,7 @@ from .cells import (
     tax_cell,
     tax_markdown,
 )
-from .tiny_models import FAMILIES, SHAPES
+from leyline_testkit.tiny_models import FAMILIES, SHAPES
 
 POSITIONS = (0.1, 0.5, 0.9)
 DEFAULT_TRACES = Path(__file__).resolve().parents[3] / "benchmarks" / "traces.jsonl"
@@ -60,7 +60,7 @@ __all__ = ["POSITIONS", "api_layout", "add_parser", "edit_cell", "prefix_cache_d
 def add_parser(sub) -> None:
     p = sub.add_parser("vllm")
     p.add_argument("--family", choices=list(FAMILIES), default=DEFAULT_FAMILY,
-                   help="attention family of the random checkpoint (leyline_bench.vllm.tiny_models.FAMILIES)")
+                   help="attention family of the random checkpoint (leyline_testkit.tiny_models.FAMILIES)")
     p.add_argument("--shape", choices=list(SHAPES), default="tiny",
                    help="its size: tiny, or a real one for the family (v2-lite-attn: deepseek_v2; "
                         "qwen3-0.6b, qwen3-1.7b: qwen3)")
@@ -88,7 +88,7 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> dict:
-    from .tiny_models import make_tiny_checkpoint, parameter_count, shape_config
+    from leyline_testkit.tiny_models import make_tiny_checkpoint, parameter_count, shape_config
 
     shape_config(args.family, args.shape)  # a family/shape pair that does not exist fails before any work
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="leyline-bench-vllm-"))
@@ -115,8 +115,8 @@ def _served_cells(args, checkpoint: Path, workdir: Path, cells: list[str]) -> di
 
     from leyline_vllm.api_server.template import ChatRenderer
 
-    from .tiny_models import runtime_tokenizer_file
-    from ..common.vllm_server import VllmServer, has_amx, vllm_on_cpu
+    from leyline_testkit.tiny_models import runtime_tokenizer_file
+    from leyline_testkit.vllm_server import VllmServer, has_amx, vllm_on_cpu
 
     tok = ChatTokenizer.from_file(runtime_tokenizer_file())
     renderer = ChatRenderer(AutoTokenizer.from_pretrained(checkpoint))  # the prompts the plugin builds
