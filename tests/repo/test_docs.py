@@ -4,7 +4,8 @@
   fresh run (``python -m leyline_bench.serve.docs``, which starts a real runtime and runs the documents'
   own commands), and no other document holds generated examples.
 * The README is a front door: at most 250 lines, the quick start first, its Performance table
-  quoted verbatim from docs/performance.md.
+  quoted verbatim from docs/performance.md, one short line per target (at most 12, no cell over 160
+  characters). Figures quoted in several documents agree: ``test_docs_figures.py``.
 * Every ``leyline-runtime`` / ``leyline-bench`` command line in README.md and docs/
   parses with the real CLI parser (flags of synopsis lines exist), and every
   ``make`` target named exists.
@@ -82,6 +83,12 @@ def test_the_readme_quotes_the_headline_performance_table():
     readme = (ROOT / "README.md").read_text()
     quoted = markdown_tables(readme.split("## Performance", 1)[1])[0]
     assert quoted in markdown_tables((ROOT / "docs" / "performance.md").read_text())
+    # read at a glance: one short line per target; the long measurements stay in docs/performance.md
+    header, rule, *rows = quoted.splitlines()
+    assert len(rows) <= 12
+    for row in rows:
+        cells = [cell.strip() for cell in row.strip("|").split(" | ")]
+        assert len(cells) == 3 and max(map(len, cells)) <= 160, f"a README Performance cell is long: {row}"
 
 
 def command_lines(text: str) -> list[str]:

@@ -40,7 +40,7 @@ from leyline_sdk.protocol import (
 )
 
 from .auto_edits import AutoRule
-from .edits import EditSpans, directive_outcomes, edited
+from .edits import EditSpans, directive_outcomes, edit_spans, edited, replacement_bounds
 from .metrics import ReplicaStats
 from .row_sync import RowSync, Sync
 from .sampling import token_logprobs, vllm_sampling
@@ -189,19 +189,17 @@ class LeylineService:
         (its own version, its outcomes returned)."""
         base = session.messages if edits is None else edited(session.messages, edits)
         history = base + list(body.messages)
-        # measured before anything runs: nothing may fail once vLLM has generated
-        spans = self._edit_spans(session.messages, edits) if edits is not None else None
-        # one tokenization: the prompt's ids and, with edits, where the edited history ends in them
-        # (and where the first message after a single edit starts)
-        at = None if spans is None else [len(base)] + ([spans.after] if spans.after is not None else [])
+        # measured before anything runs: nothing may fail once vLLM has generated. One tokenization:
+        # the prompt's ids and, with edits, where the edited history and each replacement end in them
+        at = None if edits is None else [len(base), *replacement_bounds(edits)]
         ids, bounds = self._encode(history, generation_prompt=True, bounds_at=at)
+        spans = self._edit_spans(session.messages, edits, bounds[1:]) if edits is not None else None
         edited_len = bounds[0] if bounds else 0
         room = self.max_model_len - len(ids)
         if room < 1:
             raise CapacityExceeded(f"the prompt has {len(ids)} tokens; the model takes {self.max_model_len}")
         sampling = vllm_sampling(body, min(body.max_tokens, room))
-        sync = await self.rows.sync(session, ids, rotate=spans is not None and spans.rotate, sampling=sampling,
-                                    moved=spans.moved(bounds[1:]) if spans is not None else None,
+        sync = await self.rows.sync(session, ids, runs=spans.runs if spans is not None else (), sampling=sampling,
                                     auto=self.auto if spans is not None and spans.auto else None,
                                     edit_start=spans.start if spans is not None else 0)
         result = sync.last
@@ -232,10 +230,10 @@ class LeylineService:
     async def _apply(self, session: VllmSession, batch: DirectiveBatch) -> DirectiveResult:
         started = time.perf_counter()
         new = edited(session.messages, batch)
-        spans = self._edit_spans(session.messages, batch)
-        ids, bounds = self._encode(new, bounds_at=[spans.after] if spans.after is not None else None)
-        sync = await self.rows.sync(session, ids, rotate=spans.rotate, moved=spans.moved(bounds),
-                                    auto=self.auto if spans.auto else None, edit_start=spans.start)
+        ids, bounds = self._encode(new, bounds_at=replacement_bounds(batch))
+        spans = self._edit_spans(session.messages, batch, bounds)
+        sync = await self.rows.sync(session, ids, runs=spans.runs, auto=self.auto if spans.auto else None,
+                                    edit_start=spans.start)
         session.messages = new
         session.version += 1
         self.stats.directives += len(batch.directives)
@@ -246,15 +244,10 @@ class LeylineService:
                                num_messages=len(new), outcomes=directive_outcomes(spans, sync, sync.computed),
                                elapsed_ms=(time.perf_counter() - started) * 1000)
 
-    def _edit_spans(self, old: list[Message], batch: DirectiveBatch) -> EditSpans:
-        bounds = self.renderer.segments(old)
-        old_len = bounds[-1][1] if bounds else 0
-        spans = []
-        for d in sorted(batch.directives, key=lambda d: (d.span.start, d.span.end)):
-            start = bounds[d.span.start][0] if d.span.start < len(old) else old_len
-            end = bounds[d.span.end - 1][1] if d.span.end > d.span.start else start
-            spans.append((d, start, end, len(self._ids(list(d.replacement))) if d.replacement else 0))
-        return EditSpans(spans, old_len, all(d.mode == "amortize" for d in batch.directives))
+    def _edit_spans(self, old: list[Message], batch: DirectiveBatch, new_bounds: list[int]) -> EditSpans:
+        """``batch``'s spans in tokens, as its directives declared them: the old history's message
+        bounds, and the edited one's ``new_bounds`` at :func:`.edits.replacement_bounds`."""
+        return edit_spans(batch, self.renderer.segments(old), new_bounds)
 
     async def snapshot_rows(self, sid: str, layer: int, rank: int = 0) -> dict | None:
         """One layer of the session's saved rows (diagnostics): shape, dtype, float32 bytes, positions."""
