@@ -4,8 +4,10 @@
 ``tests/vllm/test_vllm_api_contract.py`` against ``vllm serve`` with Leyline's
 plugin. Each check takes an HTTP client (``get``/``post``/``delete`` relative
 to the server, JSON bodies) and asserts only what every backend promises: paths,
-status codes, the error body, versions and message counts — never token counts,
-which depend on the model's chat template.
+status codes, the error body, versions and message counts, each directive's
+``applied_mode`` and ``fallback_reason`` (one rule for both engines:
+``leyline_runtime/outcome_rule.py``) — never token counts, which depend on the
+model's chat template.
 
 The session routes come first, then ``POST /v1/chat/completions`` bound to a session:
 the response's and the ``leyline`` report's fields, built and rebuilt and why, the
@@ -89,6 +91,34 @@ def a_directive_batch_edits_messages(c: Client) -> None:
     assert result["version"] == info["version"] + 1 and result["num_messages"] == 6
     assert [o["requested_mode"] for o in result["outcomes"]] == ["amortize", "forget"]
     assert snapshot(c, sid)["messages"][3]["content"] == "shorter"
+
+
+def long_note(k: int) -> str:
+    """A message long enough that the rows after an edit fill several cache blocks on every engine (vLLM
+    moves no run shorter than a block)."""
+    return f"Note {k}: " + " ".join(f"item {k}.{i} stays as it was written" for i in range(40))
+
+
+def outcomes(result: dict) -> list[tuple[str, str | None]]:
+    return [(o["applied_mode"], o["fallback_reason"]) for o in result["outcomes"]]
+
+
+def outcomes_name_what_each_edit_was_applied_as(c: Client) -> None:
+    """The same rule and words on every engine: an amortize before a forget keeps its mode (the rows
+    between the two still move); one after a forget is recomputed with it (``after_forget``)."""
+    old = [{"role": "system", "content": "You are terse."}, user("question 0"),
+           {"role": "assistant", "content": long_note(1)}, user(long_note(2)),
+           {"role": "assistant", "content": "answer 3"}, user("question 4")]
+    shorter = [{"span": {"start": 1, "end": 2}, "replacement": [user("question zero")]},
+               {"span": {"start": 4, "end": 5}, "replacement": [{"role": "assistant", "content": "a3"}]}]
+    for modes, want in [(("amortize", "forget"), [("amortize", None), ("forget", None)]),
+                        (("forget", "amortize"), [("forget", None), ("forget", "after_forget")])]:
+        sid = new_session(c, old)["session_id"]
+        r = c.post("/directives", json={"session_id": sid, "directives": [
+            {**d, "mode": mode} for d, mode in zip(shorter, modes)]})
+        assert r.status_code == 200, r.text
+        assert [o["requested_mode"] for o in r.json()["outcomes"]] == list(modes), r.json()
+        assert outcomes(r.json()) == want, r.json()
 
 
 def unknown_session_is_404_everywhere(c: Client) -> None:
@@ -373,7 +403,8 @@ def a_bound_chat_honours_or_refuses_each_optional_field(c: Client) -> None:
 
 
 CONTRACT: list[Callable[[Client], None]] = [
-    lifecycle, a_directive_batch_edits_messages, unknown_session_is_404_everywhere,
+    lifecycle, a_directive_batch_edits_messages, outcomes_name_what_each_edit_was_applied_as,
+    unknown_session_is_404_everywhere,
     version_conflict_changes_nothing, bad_spans_change_nothing, invalid_bodies_are_422_and_unparseable_ones_400,
     a_bound_chat_builds_then_edits_its_session, a_bound_chat_names_why_it_rebuilt, a_bound_chat_validates_its_fields,
     a_bound_chat_honours_its_sampling_fields, a_bound_chat_honours_or_refuses_each_optional_field,

@@ -27,6 +27,7 @@ from leyline_sdk.protocol import AutoDecision, Directive, DirectiveOutcome, Mess
 
 from leyline_runtime.text import chat_template as tpl
 from leyline_runtime.auto_rule import DriftState
+from leyline_runtime.outcome_rule import applied_modes
 from leyline_runtime.engine.engine import Engine
 from leyline_runtime.engine.kv_cache import BlockTable
 from leyline_runtime.directives.recompute import recompute_rows
@@ -200,20 +201,15 @@ class DirectiveExecutor:
         return out
 
     def _choose_modes(self, token_edits: list[TokenEdit]) -> None:
+        """Each edit's applied mode by the rule both engines share (:mod:`leyline_runtime.outcome_rule`).
+        The edits are planned before the session's length is looked at: a refused rotation forgets from
+        the first edit on, whether rows follow it or not."""
         layout = self.engine.model.cache_layout()
-        forget_seen = False
-        for t in token_edits:
-            if t.edit.mode == "forget":
-                t.applied_mode, forget_seen = "forget", True
-                continue
-            reason = None
-            if forget_seen:
-                reason = "after_forget"  # everything after a forget is recomputed anyway
-            elif layout.inv_freq is None or len(layout.rotary_slices) != 1:
-                reason = "no_rotation_kernel"
-            if reason:
-                t.applied_mode, t.fallback_reason = "forget", reason
-                forget_seen = True
+        rotates = layout.inv_freq is not None and len(layout.rotary_slices) == 1
+        applied = applied_modes([t.edit.mode for t in token_edits],
+                                unsupported=None if rotates else "the cache layout has no single rotary slice")
+        for t, a in zip(token_edits, applied):
+            t.applied_mode, t.fallback_reason = a.mode, a.fallback_reason
 
     def _position_map(self, session: Session, edits: list[MessageEdit], token_edits: list[TokenEdit]) -> Plan:
         messages, message_tokens = list(session.messages), list(session.message_tokens)

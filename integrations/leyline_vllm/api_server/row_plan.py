@@ -10,12 +10,19 @@ rotates ``k_pe`` by ``delta``). A plan's copies cover the prompt's first
 tokens without a gap, because vLLM computes every token after the last loaded
 one; tokens in the middle that must be computed (an edit's replacement) are
 prefilled by a first request that ends where they end (:class:`TurnPlan`).
+
+Where an edit's following tokens land is what its directive declared (:class:`Run`, from the chat
+template's message bounds: :mod:`.edits`), never re-found by comparing token ids: two edits with the
+same text, or an edge that tokenizes like its neighbour, cannot be mistaken for one another. The
+tokens are only checked against the snapshot's, which ends where vLLM's reply did.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from difflib import SequenceMatcher
+
+from leyline_runtime.outcome_rule import NO_SAVED_ROWS, ONE_RUN_PER_BATCH, SHORT_RUN, reason
 
 from ..kv.wire import RowCopy
 
@@ -35,6 +42,16 @@ class Snapshot:
         return len(self.token_ids) if self.exact is None else min(self.exact, len(self.token_ids))
 
 
+@dataclass(frozen=True)
+class Run:
+    """Where the old history's tokens after one edit, up to the next edit, land in the edited history:
+    old ``[src, src + count)`` to ``[dst, dst + count)``."""
+
+    src: int
+    dst: int
+    count: int
+
+
 @dataclass
 class TurnPlan:
     """How one prompt is served from a session's snapshot.
@@ -48,10 +65,11 @@ class TurnPlan:
     first: list[RowCopy] = field(default_factory=list)
     prefill_upto: int = 0
     rotated: RowCopy | None = None
-    reason: str | None = None  # why no rotation was planned where one was asked for
     # the first tokens of the moved run, computed exactly instead of rotated (mode auto's signal and
     # repair window): where their old rows were and where they go, for comparing the two
     window: RowCopy | None = None
+    run: int | None = None  # which of the runs asked for is moved (rotated, or measured by its window)
+    unmoved: dict[int, str] = field(default_factory=dict)  # the runs asked for that are computed: why
 
     @property
     def rotated_tokens(self) -> int:
@@ -66,64 +84,55 @@ def common_prefix(a: list[int], b: list[int]) -> int:
     return i
 
 
-def plan_turn(snapshot: Snapshot | None, prompt: list[int], *, rotate: bool, min_rotated: int,
-              moved: tuple[int, int] | None = None, window: int = 0, keep: int | None = None) -> TurnPlan:
+def plan_turn(snapshot: Snapshot | None, prompt: list[int], *, min_rotated: int,
+              runs: Sequence[Run | None] = (), window: int = 0, keep: int | None = None) -> TurnPlan:
     """Plan ``prompt`` against ``snapshot``.
 
-    Always keeps the common prefix (exact). With ``rotate`` (amortize), the
-    longest run of snapshot tokens that reappears later in the prompt (at
-    least ``min_rotated`` tokens, e.g. one cache block) is moved there with its
-    ``k_pe`` rotated; what lies between the prefix and that run is prefilled
-    first. Without ``rotate`` (forget) everything after the prefix is computed.
-
-    ``moved`` = (old position, new position) of the first token after an edit,
-    where the caller knows it (one directive): the run that starts there is
-    taken if it is long enough, without searching the whole prompt (a
-    sequence match over a 2k-token history costs milliseconds).
+    Always keeps the common prefix (exact). ``runs`` (amortize): per edit of the batch, where the old
+    history's tokens after it land (:class:`Run`, from the directives' own spans; None: nothing of its
+    own to move). The longest of them the snapshot holds (at least ``min_rotated`` tokens, e.g. one
+    cache block) is moved with its ``k_pe`` rotated; what lies between the prefix and it is prefilled
+    first, what follows it computed. Without runs (forget, append) everything after the prefix is
+    computed. Each run not moved is named in :attr:`TurnPlan.unmoved` with its reason.
 
     ``window``: the moved run's first ``window`` tokens are computed exactly (in the edited context,
     right after the replacement) instead of rotated; the rest of the run is rotated if it is still long
     enough. ``keep``: keep at most this many prefix tokens (what follows is recomputed: a drift repair).
     """
+    candidates = {k: r for k, r in enumerate(runs) if r is not None and r.count}
     if snapshot is None or not snapshot.token_ids:
-        return TurnPlan(prefix=0)
+        return TurnPlan(prefix=0, unmoved={k: NO_SAVED_ROWS for k in candidates})
     old = snapshot.token_ids
     prefix = common_prefix(old, prompt) if keep is None else min(keep, common_prefix(old, prompt))
     first = [RowCopy(snapshot.key, 0, 0, prefix)] if prefix else []
-    if not rotate:
-        return TurnPlan(prefix=prefix, first=first)
-    run = _run_at(old, prompt, prefix, *moved) if moved is not None else None
-    if run is None or run.count < min_rotated:
-        run = _longest_moved_run(old, prompt, prefix)
-    if run is None or run.count < min_rotated:
-        why = "nothing after the edit is long enough to rotate" if prefix < len(old) else None
-        return TurnPlan(prefix=prefix, first=first, reason=why)
-    delta = run.dst_start - run.src_start
-    exact = RowCopy(snapshot.key, run.src_start, run.dst_start, min(window, run.count), delta) if window else None
+    held = {k: _held(old, prompt, prefix, r) for k, r in candidates.items()}
+    unmoved = {k: reason(SHORT_RUN, f"{r.count} tokens to move, fewer than {min_rotated}")
+               for k, r in held.items() if r.count < min_rotated}
+    movable = [k for k in held if k not in unmoved]
+    if not movable:
+        return TurnPlan(prefix=prefix, first=first, unmoved=unmoved)
+    chosen = max(movable, key=lambda k: held[k].count)  # the first of the longest
+    unmoved.update({k: ONE_RUN_PER_BATCH for k in movable if k != chosen})
+    run = held[chosen]
+    delta = run.dst - run.src
+    exact = RowCopy(snapshot.key, run.src, run.dst, min(window, run.count), delta) if window else None
     w = exact.count if exact else 0
     if run.count - w < min_rotated:
-        return TurnPlan(prefix=prefix, first=first, prefill_upto=run.dst_start + w, window=exact,
-                        reason="nothing after the window is long enough to rotate")
-    return TurnPlan(prefix=prefix, first=first, prefill_upto=run.dst_start + w, window=exact,
-                    rotated=RowCopy(snapshot.key, run.src_start + w, run.dst_start + w, run.count - w, delta))
+        unmoved[chosen] = reason(SHORT_RUN, f"{run.count - w} tokens after the signal window, fewer than {min_rotated}")
+        return TurnPlan(prefix=prefix, first=first, prefill_upto=run.dst + w, window=exact, run=chosen,
+                        unmoved=unmoved)
+    return TurnPlan(prefix=prefix, first=first, prefill_upto=run.dst + w, window=exact, run=chosen,
+                    rotated=RowCopy(snapshot.key, run.src + w, run.dst + w, run.count - w, delta),
+                    unmoved=unmoved)
 
 
-def _run_at(old: list[int], new: list[int], prefix: int, src: int, dst: int) -> RowCopy | None:
-    """The run of equal tokens from ``old[src]`` and ``new[dst]`` on (both after the common prefix)."""
-    if src < prefix or dst < prefix:
-        return None
+def _held(old: list[int], new: list[int], prefix: int, run: Run) -> Run:
+    """The part of ``run`` that lands after the kept prefix and whose tokens the snapshot holds as the
+    prompt has them (a snapshot ends with the reply vLLM generated, which the history may render
+    differently; the prefix may reach into the replacement where it starts like the old text)."""
+    skip = max(0, prefix - run.dst)
+    src, dst = run.src + skip, run.dst + skip
     n = 0
-    while src + n < len(old) and dst + n < len(new) and old[src + n] == new[dst + n]:
+    while n < run.count - skip and src + n < len(old) and dst + n < len(new) and old[src + n] == new[dst + n]:
         n += 1
-    return RowCopy("", src, dst, n) if n else None
-
-
-def _longest_moved_run(old: list[int], new: list[int], prefix: int) -> RowCopy | None:
-    """The longest common run of ``old[prefix:]`` and ``new[prefix:]`` (it sits after the
-    first difference, so its rows were computed in another context: amortize's approximation)."""
-    matcher = SequenceMatcher(None, old[prefix:], new[prefix:], autojunk=False)
-    best = None
-    for a, b, size in matcher.get_matching_blocks():
-        if size and (best is None or size > best.count):
-            best = RowCopy("", prefix + a, prefix + b, size)
-    return best
+    return Run(src, dst, n)

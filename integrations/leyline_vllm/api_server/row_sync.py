@@ -3,7 +3,8 @@
 Every step that changes a session's history runs its new prompt through vLLM with a row plan
 (:func:`~leyline_vllm.api_server.row_plan.plan_turn`): the unchanged prefix is loaded, for
 ``amortize`` the longest run after the edit is loaded with its rope part rotated (its replacement is
-prefilled first, by a request of its own), everything else is computed by vLLM. The session's
+prefilled first, by a request of its own), everything else is computed by vLLM. Where an edit's
+following tokens land comes from the directive's own spans (:class:`~.row_plan.Run`). The session's
 snapshot becomes the prompt's rows, held in vLLM's paged cache until the next step releases them.
 
 Exact rows are shared, approximate rows private (the rule of vLLM RFC #44223): a request whose prompt
@@ -18,15 +19,17 @@ vLLM's own prefix cache keeps what it can.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from leyline_runtime.outcome_rule import NO_SAVED_ROWS
 from leyline_sdk.protocol import AutoDecision
 
 from ..kv.wire import RowCopy, request_params
 from .auto_edits import AutoRule, AutoVerdict
 from .engine import EngineResult, run_prompt
 from .metrics import ReplicaStats
-from .row_plan import Snapshot, TurnPlan, plan_turn
+from .row_plan import Run, Snapshot, TurnPlan, plan_turn
 from .session import VllmSession
 
 ONE_TOKEN = {"max_tokens": 1, "temperature": 0.0}
@@ -43,6 +46,7 @@ class Sync:
     computed: int = 0
     fallback: str | None = None
     auto: AutoDecision | None = None  # what an auto batch decided (None: not one)
+    refusal: str | None = None  # why the worker does not splice this model's cache (None: it does)
 
     @property
     def last(self) -> EngineResult:
@@ -58,24 +62,23 @@ class RowSync:
         # released with the next request: requests are the way to the scheduler, which holds the blocks
         self._pending_release: list[str] = []
 
-    async def sync(self, session: VllmSession, ids: list[int], *, rotate: bool,
-                   sampling: dict | None = None, moved: tuple[int, int] | None = None,
-                   auto: AutoRule | None = None, edit_start: int = 0) -> Sync:
+    async def sync(self, session: VllmSession, ids: list[int], *, runs: Sequence[Run | None] = (),
+                   sampling: dict | None = None, auto: AutoRule | None = None, edit_start: int = 0) -> Sync:
         """Run ``ids`` through vLLM with the session's row plan; the session's snapshot becomes ``ids``.
 
-        ``auto``: the batch's edits are ``auto`` (none ``forget``): planned as an amortize with a signal
-        window, decided between its two requests (:mod:`.auto_edits`); ``edit_start``: where the first
-        edit starts, for the session's drift budget."""
+        ``runs``: per edit, where the old tokens after it land (:func:`.row_plan.plan_turn`; empty:
+        nothing moves). ``auto``: the batch's edits are ``auto`` (none ``forget``): planned as an
+        amortize with a signal window, decided between its two requests (:mod:`.auto_edits`);
+        ``edit_start``: where the first edit starts, for the session's drift budget."""
         if self.refusal is not None:
             return await self._unspliced(session, ids, sampling)
         old = session.snapshot
         window = auto.config.signal_window if auto is not None else 0
-        plan = plan_turn(old, ids, rotate=rotate or auto is not None, min_rotated=self.block_size, moved=moved,
-                         window=window)
+        plan = plan_turn(old, ids, min_rotated=self.block_size, runs=runs, window=window)
         decision = auto.before_measuring(plan, len(ids)) if auto is not None else None
         if decision is not None:  # nothing to measure: an exact turn
             session.drift.recomputed_from(edit_start)
-            plan = plan_turn(old, ids, rotate=False, min_rotated=self.block_size)
+            plan = plan_turn(old, ids, min_rotated=self.block_size)
         # rows loaded from the snapshot past its exact part are approximate: such a request is salted
         prefix_exact = plan.prefix <= (old.exact_tokens if old else 0)
         results, scratch = [], []
@@ -93,9 +96,11 @@ class RowSync:
                 if not verdict.rotate:
                     plan = replace(plan, rotated=None)
                 if verdict.repair_from is not None:  # past the drift budget: recompute from the earliest drift
-                    plan = plan_turn(old, ids, rotate=False, min_rotated=self.block_size, keep=verdict.repair_from)
+                    plan = plan_turn(old, ids, min_rotated=self.block_size, keep=verdict.repair_from)
                     load, prefix_exact = list(plan.first), plan.prefix <= (old.exact_tokens if old else 0)
-        rotating = plan.rotated is not None and (not results or bool(load))
+        if plan.rotated is not None and results and not load:  # the replacement's rows were not saved
+            plan = replace(plan, rotated=None, unmoved={**plan.unmoved, plan.run: NO_SAVED_ROWS})
+        rotating = plan.rotated is not None
         if rotating:
             load.append(plan.rotated)
         key = session.new_key()
@@ -132,8 +137,8 @@ class RowSync:
         """``ids`` through vLLM without a row plan (the model is not spliced): nothing rotates, so every
         row is exact and the request unsalted; vLLM's own prefix cache supplies what it holds."""
         result = await run_prompt(self.engine, ids, sampling or ONE_TOKEN, {}, None)
-        return Sync([result], TurnPlan(prefix=0, reason=f"unsupported_runtime: {self.refusal}"),
-                    reused=result.prompt_len - result.computed, computed=result.computed)
+        return Sync([result], TurnPlan(prefix=0), reused=result.prompt_len - result.computed,
+                    computed=result.computed, refusal=self.refusal)
 
     async def _run(self, session: VllmSession, ids: list[int], load: list[RowCopy], save: str,
                    sampling: dict, *, salted: bool, release: list[str] = ()) -> EngineResult:
