@@ -192,7 +192,8 @@ class AutoDecision(BaseModel):
     ``reason``: ``short_tail`` (few tokens follow the edit: forget costs about as much as a
     repair), ``signal`` (the drift signal crossed a threshold), ``below_threshold``,
     ``after_forget`` (an earlier directive of the batch already recomputes this one) or
-    ``no_rotation_kernel`` (amortize is not possible here: the model has no single rope slice).
+    ``unsupported_runtime`` (amortize is not possible here: this engine cannot rotate the model's cache),
+    the words of ``leyline_runtime/outcome_rule.py``; vLLM adds ``not_measured``.
     """
 
     choice: AutoChoice
