@@ -23,7 +23,7 @@ FIGURES: dict[str, dict[str, str]] = json.loads(HEADLINE.read_text())["figures"]
 
 _NOT_A_TARGET = r"(?<![≥≤] )(?<!within )"  # "≥ 3× fewer ...", "within 1.3× of the floor": a target, not a result
 
-# How the documents write each figure: every match is a quote; its groups, joined by "–", are the value.
+# How the documents write each figure: every match is a quote; its groups, joined as _JOINED says, are the value.
 QUOTES: dict[str, list[str]] = {
     "prompt_tokens_vs_plain_vllm": [_NOT_A_TARGET + r"\b(\d+\.\d+)× fewer (?:prompt tokens )?than plain vLLM"],
     "prompt_tokens_over_the_floor": [_NOT_A_TARGET + r"\b(\d+\.\d+)× (?:of )?the floor"],
@@ -33,6 +33,7 @@ QUOTES: dict[str, list[str]] = {
     "edit_speedup_vs_forget": [r"\b(\d+)× vs forget"],
     "edit_speedup_vs_transformers": [r"\b(\d+)× vs (?:peer|transformers)"],
     "fidelity_jsd_ratio": [_NOT_A_TARGET + r"\b(\d+)× (?:below|over all \d+ cases)"],
+    "vllm_ttft_speedup_block32": [r"\b(\d+\.\d+)× / (\d+\.\d+)× / (\d+\.\d+)×,? (?:and )?forget 1\.02"],
 }
 
 
@@ -53,6 +54,9 @@ def _edit_ratio(run: dict[str, Any], arm: str) -> str:
     return f"{cell['ratio_to_amortize'][arm]:.0f}"
 
 
+_JOINED = {1: "", 2: "–", 3: " / "}  # one number; a lowest–highest range; one value per edit position
+
+
 # Each figure as its run computes it, printed as the documents print it.
 FROM_RUN: dict[str, Callable[[dict[str, Any]], str]] = {
     "prompt_tokens_vs_plain_vllm": lambda run: f"{_traces_amortize(run)['plain_over_arm_tokens']:.2f}",
@@ -62,13 +66,15 @@ FROM_RUN: dict[str, Callable[[dict[str, Any]], str]] = {
     "edit_speedup_vs_forget": lambda run: _edit_ratio(run, "forget"),
     "edit_speedup_vs_transformers": lambda run: _edit_ratio(run, "peer"),
     "fidelity_jsd_ratio": lambda run: f"{run['summary']['overall']['all']['jsd_n_over_l']:.0f}",
+    "vllm_ttft_speedup_block32": lambda run: " / ".join(f"{edit['amortize']['speedup_vs_resend']:.3g}"
+                                                        for edit in run["edits"]),
 }
 
 
 def quotes_of(name: str, text: str) -> list[str]:
     """Every quote of figure ``name`` in ``text``, as the value it states (a quote may wrap a line)."""
     text = " ".join(text.split())
-    return ["–".join(m.groups()) for pattern in QUOTES[name] for m in re.finditer(pattern, text)]
+    return [_JOINED[len(m.groups())].join(m.groups()) for pattern in QUOTES[name] for m in re.finditer(pattern, text)]
 
 
 def test_every_pinned_figure_has_its_quotes_and_its_run():
@@ -101,3 +107,4 @@ def test_a_quote_that_differs_is_found():
     assert quotes_of("prompt_tokens_vs_plain_vllm", text) == ["1.8"]
     assert quotes_of("prompt_tokens_over_the_floor", text) == ["1.07"]
     assert quotes_of("gpu_kernel_share_of_copy_bandwidth", text) == ["82–96"]
+    assert quotes_of("vllm_ttft_speedup_block32", "12.9× / 6.4× / 5.77×, forget 1.02–1.06×") == ["12.9 / 6.4 / 5.77"]
