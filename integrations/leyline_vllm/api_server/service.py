@@ -176,7 +176,7 @@ class LeylineService:
     async def _append(self, session: VllmSession, messages: list[Message]) -> Sync:
         history = session.messages + list(messages)
         ids = self._ids(history)
-        sync = await self.rows.sync(session, ids, rotate=False)
+        sync = await self.rows.sync(session, ids)
         session.messages = history
         session.version += 1
         session.counters.prefilled_tokens += sync.computed
