@@ -26,8 +26,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("serve.serve", "HTTP load: concurrent edit + generate sessions"),
     "chaos": ("serve.chaos", "mixed valid and invalid load from many clients on a served runtime"),
     "agent": ("agent.agent", "LangGraph agents end to end: solve rate, tokens computed and wall time, with and without edits"),
-    "drift": ("fidelity.drift", "amortize / forget / auto drift on GQA and MLA models, transformers as the oracle"),
-    "drift-real": ("fidelity.drift_real", "amortize / repair / auto / forget on real weights and edits from real agent "
+    "drift": ("drift.drift", "amortize / forget / auto drift on GQA and MLA models, transformers as the oracle"),
+    "drift-real": ("drift.drift_real", "amortize / repair / auto / forget on real weights and edits from real agent "
                                  "sessions: next turn, greedy tokens, removed-content questions"),
     "vllm": ("vllm.vllm", "directives inside vllm serve with Leyline's plugins (needs .venv-vllm)"),
     "traces": ("traces.traces", "real agent sessions replayed through the history policies frameworks apply: "

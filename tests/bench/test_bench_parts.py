@@ -17,9 +17,9 @@ from leyline_bench.agent.replay_arms import (
     Leyline,
     NoCache,
     PrefixCache,
-    common_prefix,
     history_tokens,
 )
+from leyline_bench.common.prefix import common_prefix_length as common_prefix
 from leyline_bench.agent.synthetic_traces import PATTERNS, make_trace
 from leyline_runtime.inspection import Inspector
 from leyline_runtime.model.default import default_tokenizer_path

@@ -10,8 +10,8 @@ import pytest
 import torch
 from test_bench_smoke import run_bench
 
-from leyline_bench.fidelity.drift import load_model
-from leyline_bench.fidelity.drift_oracle import cat, moved, prefill, rope_slot, take
+from leyline_bench.drift.drift import load_model
+from leyline_bench.drift.drift_oracle import cat, moved, prefill, rope_slot, take
 
 
 @pytest.fixture(scope="module", params=["default", "random-llama", "random-qwen2"])

@@ -12,12 +12,12 @@ import pytest
 import torch
 
 from leyline_bench.cli import main
-from leyline_bench.fidelity.drift import load_model
-from leyline_bench.fidelity.drift_oracle import diff, moved, prefill, rope_slot, take
-from leyline_bench.fidelity.drift_real import load
-from leyline_bench.fidelity.real_edits import PLACEHOLDER, SUMMARY_CHARS, Renderer, candidates, histories, template_message
-from leyline_bench.fidelity.real_modes import EXACT, agreeing_prefix, answer_logprob, continue_all, edited_rows
-from leyline_bench.fidelity.removed_content import answers, question_for
+from leyline_bench.drift.drift import load_model
+from leyline_bench.drift.drift_oracle import diff, moved, prefill, rope_slot, take
+from leyline_bench.drift.drift_real import load
+from leyline_bench.drift.real_edits import PLACEHOLDER, SUMMARY_CHARS, Renderer, candidates, histories, template_message
+from leyline_bench.drift.real_modes import EXACT, agreeing_prefix, answer_logprob, continue_all, edited_rows
+from leyline_bench.drift.removed_content import answers, question_for
 from leyline_bench.sessions.load import load_sessions
 from leyline_runtime.auto_rule import AutoConfig
 
@@ -197,7 +197,7 @@ def test_a_journal_resumes_a_cut_run_without_playing_its_edits_again(tmp_path):
 
 
 def test_the_llama_cpp_peer_pairs_its_edits_with_leylines_and_refuses_a_model_without_gguf(tmp_path):
-    from leyline_bench.fidelity.llama_peer import markdown, summarise
+    from leyline_bench.drift.llama_peer import markdown, summarise
 
     def leyline(session, kind, recomputed, same):
         modes = {m: {"recomputed": r, "greedy_same": g, "greedy_compared": 4}
@@ -227,7 +227,7 @@ def test_the_llama_cpp_peer_pairs_its_edits_with_leylines_and_refuses_a_model_wi
 
 
 def test_the_vllm_arm_replaces_one_message_span_and_counts_each_modes_own_rows():
-    from leyline_bench.fidelity.vllm_peer import markdown, merge, summarise
+    from leyline_bench.drift.vllm_peer import markdown, merge, summarise
     from leyline_sdk.diff import diff_messages
     from leyline_sdk.protocol import Message
 
@@ -285,7 +285,7 @@ def test_the_vllm_arm_replaces_one_message_span_and_counts_each_modes_own_rows()
 
 def test_a_peers_only_run_needs_vllm_and_a_real_checkpoint(tmp_path):
     """--no-oracle leaves the transformers arms out; the vLLM arm refuses, by name, what it cannot serve."""
-    from leyline_bench.fidelity.llama_peer import summarise
+    from leyline_bench.drift.llama_peer import summarise
 
     peer = {"session": "a", "kind": "drop", "forget_tokens": 100, "turn_tokens": 10, "prompt_tokens": 300,
             "exact_computed": 300, "recomputed": 40, "greedy_same": 4, "greedy_compared": 4, "first_token_same": True}

@@ -56,14 +56,9 @@ def history_tokens(runtime: Runtime, messages: list[Message]) -> list[int]:
     return [t for ids in runtime.tokenizer.encode_messages(messages) for t in ids]
 
 
-def common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    while n < min(len(a), len(b)) and a[n] == b[n]:
-        n += 1
-    return n
+class ReplayArm:
+    """One cache arm of the replay bench: how a session is brought to each turn's history, timed per turn."""
 
-
-class Arm:
     name = ""
 
     def __init__(self, runtime: Runtime):
@@ -101,7 +96,7 @@ class Arm:
         return len(history_tokens(self.runtime, history))
 
 
-class NoCache(Arm):
+class NoCache(ReplayArm):
     name = "no_cache"
 
     def sync(self, history):
@@ -112,7 +107,7 @@ class NoCache(Arm):
         self.close()
 
 
-class PrefixCache(Arm):
+class PrefixCache(ReplayArm):
     name = "prefix_cache"
 
     def sync(self, history):
@@ -155,7 +150,7 @@ class Leyline(PrefixCache):
 ARMS = ("no_cache", "prefix_cache", "leyline_amortize", "leyline_forget")
 
 
-def make_arm(name: str, runtime: Runtime) -> Arm:
+def make_arm(name: str, runtime: Runtime) -> ReplayArm:
     if name == "no_cache":
         return NoCache(runtime)
     if name == "prefix_cache":

@@ -36,7 +36,9 @@ GRAPH_STEPS_PER_CALL = 8  # graph steps one model call may take (model, tools, t
 
 
 @dataclass(frozen=True)
-class Arm:
+class AgentArm:
+    """One arm of the agent bench: whether LangChain's edit middlewares run, and the mode policy they reach."""
+
     name: str
     edits: bool
     policy: ModePolicy
@@ -44,11 +46,12 @@ class Arm:
 
 
 ARMS = {
-    "append": Arm("append", False, default_policy, "append-only history on a prefix cache (never edits)"),
-    "edits-forget": Arm("edits-forget", True, force_mode("forget"),
-                        "LangChain edits on a plain prefix cache: each edit re-prefills from the edit point"),
-    "edits-amortize": Arm("edits-amortize", True, force_mode("amortize"), "the same edits through Leyline amortize"),
-    "edits-auto": Arm("edits-auto", True, auto_policy, "the same edits through Leyline auto"),
+    "append": AgentArm("append", False, default_policy, "append-only history on a prefix cache (never edits)"),
+    "edits-forget": AgentArm("edits-forget", True, force_mode("forget"),
+                             "LangChain edits on a plain prefix cache: each edit re-prefills from the edit point"),
+    "edits-amortize": AgentArm("edits-amortize", True, force_mode("amortize"),
+                               "the same edits through Leyline amortize"),
+    "edits-auto": AgentArm("edits-auto", True, auto_policy, "the same edits through Leyline auto"),
 }
 
 
@@ -145,7 +148,7 @@ def graph_step_limit(max_calls: int) -> int:
     return GRAPH_STEPS_PER_CALL * (max_calls + 1)
 
 
-def run_task(base_url: str, arm: Arm, task: AgentTask, latency, max_tokens: int, max_calls: int,
+def run_task(base_url: str, arm: AgentArm, task: AgentTask, latency, max_tokens: int, max_calls: int,
              system_prompt: str) -> TaskResult:
     result = TaskResult(task.task_id, task.family, task.task.kind)
     memory = LeylineMemory(LeylineClient(base_url, timeout=600), policy=arm.policy)

@@ -2,7 +2,7 @@
 
 Each model (a folder transformers loads: a ``leyline-train --arch llama`` or ``--arch mla`` run, the
 embedded default model) plays ``amortize``, ``forget`` and ``auto`` over the same agent-like 20-edit
-sessions (:mod:`.edit_sessions`, the fidelity bench's ``--policies`` sessions) in
+sessions (:mod:`..fidelity.edit_sessions`, the fidelity bench's ``--policies`` sessions) in
 :mod:`.drift_oracle`; per model: recompute share (of forget's), next-turn JSD and top-1 against a
 fresh prefill, the first edit of each session alone (a single edit), ``auto``'s choices and its
 recompute share, and the exactness checks (forget vs fresh, layer-0 rotary rows vs fresh).
@@ -20,7 +20,7 @@ from leyline_runtime.model.default import DEFAULT_MODEL_DIR
 from leyline_runtime.text.tokenizer import ChatTokenizer
 from ..common import plots
 from .drift_oracle import POLICIES, rope_slot, run_session
-from .edit_sessions import build_session
+from ..fidelity.edit_sessions import build_session
 from ..common.output import md_table, write_results
 from ..common.stats import mean, percentile
 

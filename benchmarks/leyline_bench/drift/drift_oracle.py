@@ -31,7 +31,6 @@ same positions (it must equal it to float error).
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass, field
 
 import torch
@@ -39,7 +38,7 @@ import torch
 from leyline_kernels import delta_rotation_table, rotate_and_splice
 from leyline_runtime.auto_rule import AutoConfig, DriftState, moved_position, signal_choice, tail_is_short
 from leyline_runtime.directives.executor import common_ends
-from .policies import jsd_rows
+from ..fidelity.policies import PolicyRun, jsd_rows
 
 POLICIES = ("amortize", "forget", "auto")
 Rows = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: (keys [H, T, Dk], values [H, T, Dv])
@@ -148,19 +147,10 @@ def layer1_change(model, rows: Rows, tokens: list[int], start: int, end: int) ->
 # --- one policy over one session ---------------------------------------------------------------
 
 
-@dataclass
-class PolicyRun:
-    policy: str
-    rows: Rows
-    recomputed: int = 0
-    signal_tokens: int = 0
+@dataclass(kw_only=True)
+class OraclePolicyRun(PolicyRun):
+    rows: Rows  # the policy's cache rows of the history so far
     drift: DriftState = field(default_factory=DriftState)
-    choices: Counter = field(default_factory=Counter)
-    signals: list[float] = field(default_factory=list)
-    next_jsd: list[float] = field(default_factory=list)
-    next_top1: list[bool] = field(default_factory=list)
-    probe_jsd: list[float] = field(default_factory=list)
-    probe_top1: list[bool] = field(default_factory=list)
     first_jsd: list[float] = field(default_factory=list)  # the next turn after each session's first edit
     first_top1: list[bool] = field(default_factory=list)
 
@@ -187,7 +177,7 @@ def diff(old: list[int], new: list[int]) -> Edit:
     return Edit(p, len(old) - s, len(new) - s)
 
 
-def apply_edit(model, run: PolicyRun, new: list[int], e: Edit, slot: RopeSlot, cfg: AutoConfig) -> None:
+def apply_edit(model, run: OraclePolicyRun, new: list[int], e: Edit, slot: RopeSlot, cfg: AutoConfig) -> None:
     """Bring ``run.rows`` (of the old history) to the edited history ``new`` under ``run.policy``."""
     prefix, n = take(run.rows, 0, e.start), len(new)
     if run.policy == "forget":
@@ -223,12 +213,12 @@ def apply_edit(model, run: PolicyRun, new: list[int], e: Edit, slot: RopeSlot, c
     run.choices[choice] += 1
 
 
-def _recompute_from(model, run: PolicyRun, tokens: list[int], start: int) -> None:
+def _recompute_from(model, run: OraclePolicyRun, tokens: list[int], start: int) -> None:
     _, rest = prefill(model, tokens[start:], start, take(run.rows, 0, start), keep=1)
     run.rows, run.recomputed = cat(take(run.rows, 0, start), rest), run.recomputed + len(tokens) - start
 
 
-def score_turn(model, run: PolicyRun, history: list[int], turn: list[int], header: int,
+def score_turn(model, run: OraclePolicyRun, history: list[int], turn: list[int], header: int,
                reference: torch.Tensor, first: bool) -> None:
     """Prefill the next turn + an assistant header on ``run.rows``; score against ``reference``; keep the turn."""
     logits, rows = prefill(model, turn + [header], len(history), run.rows)
@@ -252,7 +242,7 @@ def run_session(model, tok, session, slot: RopeSlot, cfg: AutoConfig, policies=P
     messages = list(session.history)
     tokens = _flat(tok, messages)
     _, rows = prefill(model, tokens, 0, [])
-    runs = {p: PolicyRun(p, rows) for p in policies}
+    runs = {p: OraclePolicyRun(p, rows=rows) for p in policies}
     forget_work, forget_err, layer0_err = 0, 0.0, 0.0
     for i, step in enumerate(session.steps):
         new_messages = apply_directives(messages, step.directives)
@@ -284,7 +274,7 @@ def layer0_error(rows: Rows, ref: Rows, a: int, b: int, slot: RopeSlot) -> float
     return float((got[..., sl] - want[..., sl]).abs().max() / want[..., sl].abs().max().clamp_min(1e-30))
 
 
-def _record(r: PolicyRun, forget_work: int, layers: int) -> dict:
+def _record(r: OraclePolicyRun, forget_work: int, layers: int) -> dict:
     return {"recomputed": r.recomputed, "signal_tokens": r.signal_tokens,
             "share": r.recomputed / forget_work, "share_with_signal": (r.recomputed + r.signal_tokens / layers)
             / forget_work, "choices": dict(r.choices), "signals": r.signals,

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from leyline_sdk.protocol import Message
 from .drift_oracle import Rows, diff, layer0_error, prefill
-from .policies import jsd_rows
+from ..fidelity.policies import jsd_rows
 from .real_edits import RealEdit, Renderer
 from .real_modes import EXACT, agreeing_prefix, answer_logprob, continue_all, edited_rows
 from .removed_content import answers, question_for

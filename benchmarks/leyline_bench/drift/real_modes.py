@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from leyline_runtime.auto_rule import AutoConfig
-from .drift_oracle import PolicyRun, Rows, apply_edit, cat, length, prefill, take
+from .drift_oracle import OraclePolicyRun, Rows, apply_edit, cat, length, prefill, take
 
 EXACT = "exact"
 
@@ -47,7 +47,7 @@ def edited_rows(model, old_rows: Rows, new: list[int], edit, slot, cfg: AutoConf
     needed = {m for m in modes if not m.startswith("repair-")} | ({"amortize"} if len(modes) > 1 else set())
     for policy in ("amortize", "forget", "auto"):
         if policy in needed:
-            run = PolicyRun(policy, old_rows)
+            run = OraclePolicyRun(policy, rows=old_rows)
             apply_edit(model, run, new, edit, slot, cfg)
             out[policy] = ModeRows(run.rows, run.recomputed, run.signal_tokens,
                                    next(iter(run.choices), None), run.signals[0] if run.signals else None)

@@ -1,2 +1,2 @@
-"""How far edits move a model's output from an exact prefill (``leyline-bench fidelity | drift | drift-real``):
-workloads, the transformers oracle, real edits and the removed-content questions."""
+"""Synthetic fidelity on the bundled runtime (``leyline-bench fidelity``, ``--policies``): how far each edit mode's
+output stays from an exact prefill over a generated workload, and what each history policy costs."""

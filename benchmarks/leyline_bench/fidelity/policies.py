@@ -56,18 +56,26 @@ def check_policies(names: list[str]) -> list[str]:
 
 
 @dataclass
-class Arm:
+class PolicyRun:
+    """One history policy's record over one session: the tokens it recomputed, what ``auto`` chose and on which
+    signals, how far each next turn moved from the reference's. Each engine's run extends it: the runtime's
+    (:class:`RuntimePolicyRun`) and the transformers oracle's (``drift.drift_oracle.OraclePolicyRun``)."""
+
     policy: str
-    session_id: str
     recomputed: int = 0
     signal_tokens: int = 0
     choices: Counter = field(default_factory=Counter)
     signals: list[float] = field(default_factory=list)
-    attention: list[float] = field(default_factory=list)
     next_jsd: list[float] = field(default_factory=list)
     next_top1: list[bool] = field(default_factory=list)
     probe_jsd: list[float] = field(default_factory=list)  # the assistant-header position of each turn
     probe_top1: list[bool] = field(default_factory=list)
+
+
+@dataclass(kw_only=True)
+class RuntimePolicyRun(PolicyRun):
+    session_id: str
+    attention: list[float] = field(default_factory=list)
     suffix_jsd: list[float] = field(default_factory=list)
     suffix_top1: list[bool] = field(default_factory=list)
     first_change: int = 0  # where the last batch's first edit began
@@ -100,7 +108,7 @@ def _recomputed(rt: Runtime, session_id: str) -> int:
     return rt.get_session(session_id, TENANT).counters.recomputed_tokens
 
 
-def _apply(rt: Runtime, arm: Arm, step: int, directives: list[Directive]) -> None:
+def _apply(rt: Runtime, arm: RuntimePolicyRun, step: int, directives: list[Directive]) -> None:
     before = _recomputed(rt, arm.session_id)
     mode = arm.mode(step)
     batch = [d.model_copy(update={"mode": mode}) for d in directives]
@@ -130,8 +138,11 @@ def _repair_before(rt: Runtime, session_id: str, batch: list[Directive]) -> None
 
 
 def run_session(rt: Runtime, session: EditSession, policies: list[str], whole_suffix: bool = True) -> dict:
-    arms = {p: Arm(p, rt.create_session(SessionCreate(messages=session.history), TENANT).session_id)
-            for p in policies}
+    def fresh(policy: str) -> RuntimePolicyRun:
+        created = rt.create_session(SessionCreate(messages=session.history), TENANT)
+        return RuntimePolicyRun(policy, session_id=created.session_id)
+
+    arms = {p: fresh(p) for p in policies}
     ref = arms["forget"]
     inspect = Inspector(rt)
     first_edit = None
@@ -169,7 +180,7 @@ def run_session(rt: Runtime, session: EditSession, policies: list[str], whole_su
             "arms": {p: _arm_record(a) for p, a in arms.items()}}
 
 
-def _check_reference(rt: Runtime, ref: Arm, first_edit: int, whole_suffix: bool) -> dict:
+def _check_reference(rt: Runtime, ref: RuntimePolicyRun, first_edit: int, whole_suffix: bool) -> dict:
     """A fresh prefill of the final history against the forget session (R)."""
     messages, _ = rt.session_messages(ref.session_id, TENANT)
     fresh = rt.create_session(SessionCreate(messages=messages), TENANT).session_id
@@ -186,7 +197,7 @@ def _check_reference(rt: Runtime, ref: Arm, first_edit: int, whole_suffix: bool)
     return out
 
 
-def _arm_record(a: Arm) -> dict:
+def _arm_record(a: RuntimePolicyRun) -> dict:
     return {"policy": a.policy, "recomputed": a.recomputed, "signal_tokens": a.signal_tokens,
             "choices": dict(a.choices), "signals": a.signals, "attention": a.attention, "next_jsd": a.next_jsd,
             "next_top1": a.next_top1,

@@ -37,6 +37,7 @@ from ..common import plots
 from ..common.histories import history_of_length, make_edit
 from ..common.machine import runtime_info
 from ..common.output import md_table, write_results
+from ..common.prefix import common_prefix_length
 from .peer import TransformersPeer, checkpoint_folder, scratch_dir
 from ..common.stats import median, ratio, rotated, timed
 
@@ -76,13 +77,6 @@ def _flat(tok, messages) -> list[int]:
     return [t for ids in tok.encode_messages(messages) for t in ids]
 
 
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    while n < min(len(a), len(b)) and a[n] == b[n]:
-        n += 1
-    return n
-
-
 class EditCell:
     """One (context, position, span) cell: the edit, its arms, their samples."""
 
@@ -93,7 +87,7 @@ class EditCell:
         tok = runtime.tokenizer
         self.edited = apply_directives(history, [spec.directive])
         self.old_ids, self.new_ids = _flat(tok, history), _flat(tok, self.edited)
-        self.keep = _common_prefix(self.old_ids, self.new_ids)
+        self.keep = common_prefix_length(self.old_ids, self.new_ids)
         self.peer_cache = peer_cache
         self.outcomes: dict[str, dict] = {}
 

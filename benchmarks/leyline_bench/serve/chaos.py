@@ -20,19 +20,15 @@ import asyncio
 import json
 import os
 import random
-import subprocess
-import sys
-import tempfile
 import time
 from collections import Counter
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
-from leyline_testkit.ports import free_port
 
 from ..common import plots
+from ..common.inproc import serve_in_subprocess
 from ..common.output import md_table, write_results
 from ..common.stats import percentile
 
@@ -72,37 +68,10 @@ def rss_bytes(pid: int) -> int:
     return 0
 
 
-@contextmanager
 def serve_subprocess(threads: int):
-    port = free_port()
-    command = [sys.executable, "-m", "leyline_runtime.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
-               "--threads", str(threads), "--log-level", "error", "--max-body-bytes", str(MAX_BODY),
-               "--max-message-bytes", str(64 * 1024), "--max-messages", "64", "--body-timeout", str(BODY_TIMEOUT)]
-    with tempfile.TemporaryFile() as log:
-        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-        try:
-            base = f"http://127.0.0.1:{port}"
-            deadline = time.monotonic() + 180
-            while True:
-                if proc.poll() is not None:
-                    log.seek(0)
-                    raise RuntimeError(f"server exited: {log.read().decode(errors='replace')[-2000:]}")
-                try:
-                    if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise RuntimeError("server did not come up")
-                time.sleep(0.2)
-            yield base, proc.pid, command
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+    return serve_in_subprocess(["--threads", str(threads), "--max-body-bytes", str(MAX_BODY), "--max-message-bytes",
+                                str(64 * 1024), "--max-messages", "64", "--body-timeout", str(BODY_TIMEOUT)],
+                               startup_timeout=180, log_level="error")
 
 
 # --- one client -----------------------------------------------------------------------------
@@ -275,7 +244,8 @@ async def run_clients(base: str, port: int, args) -> tuple[Record, float]:
 
 def run(args, log=print) -> dict:
     threads = args.threads or 1
-    with serve_subprocess(threads) as (base, pid, command):
+    with serve_subprocess(threads) as served:
+        base, pid, command = served.url, served.pid, served.command
         httpx.post(f"{base}/v1/chat/completions", json={"messages": [user("warm up")], "max_tokens": 2},
                    timeout=120)
         rss_before = rss_bytes(pid)

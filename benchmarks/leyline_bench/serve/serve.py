@@ -68,7 +68,13 @@ def _server(args):
            *(["--threads", str(args.threads)] if args.threads else []),
            *(["--batch-invariant"] if args.batch_invariant else []), "--cpu-gemm", args.cpu_gemm,
            "--dtype", args.dtype]
-    return serve_in_subprocess(cli)
+    return _url_of(serve_in_subprocess(cli))
+
+
+@contextlib.contextmanager
+def _url_of(serving):
+    with serving as served:
+        yield served.url
 
 
 def _decode_stats(rec, wall: float) -> dict:

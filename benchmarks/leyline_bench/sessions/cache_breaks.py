@@ -33,10 +33,11 @@ import itertools
 import json
 import random
 import statistics
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from ..common.prefix import common_prefix_length
 
 SOURCE_REPO = "callanjfox/kv-cache-tester"
 DEFAULT_OUT = Path(__file__).resolve().parents[2] / "data" / "kv_cache_tester" / "cache_breaks.json"
@@ -55,16 +56,6 @@ class TraceBreaks:
     end_context_tokens: int
     transitions: int
     breaks: list[Break]
-
-
-def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
-    """The length of the common prefix of ``a`` and ``b``."""
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def trace_breaks(name: str, trace: dict[str, Any]) -> TraceBreaks:

@@ -191,7 +191,7 @@ class RuntimeArm:
         started = time.perf_counter()
         self._serving = serve_in_subprocess(["--model", str(self.model_folder), "--max-cache-tokens", "131072",
                                              "--threads", "2"])
-        base = self._serving.__enter__()
+        base = self._serving.__enter__().url
         self.startup_s = time.perf_counter() - started
         self.http = httpx.Client(base_url=base, timeout=3600)
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..sessions.cache_breaks import common_prefix_length
+from ..common.prefix import common_prefix_length
 
 
 def lcs_length(a: Sequence[int], b: Sequence[int]) -> int:
