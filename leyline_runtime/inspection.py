@@ -2,8 +2,12 @@
 
 A runtime's blocks have one owner (:mod:`.engine.block_manager`) and its sessions one map,
 so nothing outside this package touches them (``tests/repo/test_runtime_privacy.py``
-checks). What the fidelity harness, the policy comparison, the edit and prefill benches
-and the tests need of them is here instead, on the runtime's own locks and block manager:
+checks), and this module is built on the runtime's public primitives alone (the same test
+checks it uses no private): :meth:`~.runtime.Runtime.hold` (a session, serialised with its
+other work), ``runtime.room`` (:class:`~.cache_room.CacheRoom`: rows past a session's tokens
+for a trial, scratch tables), :meth:`~.runtime.Runtime.prefill_messages` (a scored prefill),
+:meth:`~.runtime.Runtime.fork_session` and :meth:`~.runtime.Runtime.recompute`. What the
+fidelity harness, the policy comparison, the edit and prefill benches and the tests need:
 
 * reading a session: its token ids, a copy of its cache rows, its blocks;
 * trying something without changing it: the logits and greedy tokens after an assistant
@@ -15,7 +19,6 @@ and the tests need of them is here instead, on the runtime's own locks and block
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -24,10 +27,8 @@ import torch
 from leyline_kernels.rotate_and_splice_torch import CHUNK_ROWS
 from leyline_sdk.protocol import Directive, GenerateRequest, Message
 
-from leyline_runtime.engine.kv_cache import BlockTable
-from leyline_runtime.model.batch import BatchLayout, _clip
+from leyline_runtime.model.batch import BatchLayout
 from leyline_runtime.runtime import DEFAULT_TENANT, Runtime
-from leyline_runtime.sessions.session import Session
 
 
 class Inspector:
@@ -40,23 +41,23 @@ class Inspector:
     # -- reading a session ----------------------------------------------------------
 
     def tokens(self, session_id: str, tenant: str = DEFAULT_TENANT) -> list[int]:
-        with self.runtime._lock:
-            return self.runtime._get(tenant, session_id).tokens
+        with self.runtime.hold(session_id, tenant) as session:
+            return session.tokens
 
     def cache_rows(self, session_id: str, tenant: str = DEFAULT_TENANT) -> torch.Tensor:
         """A copy of the session's rows, ``[num_layers, num_tokens, row_width]``, on the cache's device."""
         rows = self.runtime.pool.rows
-        with self.runtime._hold(tenant, session_id) as session:
+        with self.runtime.hold(session_id, tenant) as session:
             return rows[:, session.table.rows(0, session.num_tokens, rows.device)]
 
     def block_ids(self, session_id: str, tenant: str = DEFAULT_TENANT) -> list[int]:
         """The cache blocks holding the session's rows, in position order."""
-        with self.runtime._lock:
-            return list(self.runtime._get(tenant, session_id).table.blocks)
+        with self.runtime.hold(session_id, tenant) as session:
+            return list(session.table.blocks)
 
     @property
     def free_blocks(self) -> int:
-        return self.runtime.blocks.num_free
+        return self.runtime.pool.num_free
 
     # -- trying something without changing the session -----------------------------------
 
@@ -70,18 +71,15 @@ class Inspector:
 
     def _after_header(self, session_id: str, tenant: str, max_tokens: int) -> tuple[torch.Tensor, list[int]]:
         rt = self.runtime
-        with rt._hold(tenant, session_id) as session:
+        with rt.hold(session_id, tenant) as session:
             n = session.num_tokens
-            rt._grow(session, n + 1 + max_tokens)
-            try:
+            with rt.room.rows_beyond(session, n + 1 + max_tokens):  # never the session's own
                 logits = rt.engine.prefill(session.table, [rt.tokenizer.role_ids["assistant"]], n).clone()
                 tokens: list[int] = []
                 if max_tokens:
                     params = GenerateRequest(max_tokens=max_tokens, temperature=0.0)
                     tokens = rt.engine.decode(session.table, n + 1, logits, params, set(), rt.max_positions).tokens
                 return logits, tokens
-            finally:  # the rows past the session's tokens were never its own
-                rt.blocks.trim(session.table, n)
 
     def suffix_logits(self, session_id: str, start: int, tenant: str = DEFAULT_TENANT) -> torch.Tensor:
         """Logits of positions ``start..`` re-queried through every layer against the session's rows,
@@ -89,30 +87,24 @@ class Inspector:
         positions before it and its own fresh row. The fresh rows go to scratch blocks, so the
         cache is not written."""
         rt = self.runtime
-        engine, pool = rt.engine, rt.pool
-        with rt._hold(tenant, session_id) as session:
+        engine = rt.engine
+        with rt.hold(session_id, tenant) as session:
             n = session.num_tokens
-            with rt._lock:
-                scratch = rt.blocks.take(pool.blocks_for(n - start))
-            try:
-                cached = session.table.extents(n)
-                own = BlockTable(pool.block_size, scratch).rows(0, n - start).tolist()
+            with rt.room.scratch_table(n - start) as scratch:
+                own = scratch.rows(0, n - start).tolist()
                 ids = torch.tensor(session.tokens[start:], dtype=torch.long, device=engine.device)
                 outs = []
                 for a in range(0, n - start, engine.prefill_chunk):
                     b = min(a + engine.prefill_chunk, n - start)
-                    steps = [(start + i, 1, _clip(cached, start + i) + [(own[i], 1)]) for i in range(a, b)]
+                    steps = [(start + i, 1, session.table.extents(start + i) + [(own[i], 1)]) for i in range(a, b)]
                     layout = BatchLayout.build(steps, list(range(b - a)), engine.device)
-                    outs.append(rt.model.forward_batch(ids[a:b], pool.rows, layout))
+                    outs.append(rt.model.forward_batch(ids[a:b], rt.pool.rows, layout))
                 return torch.cat(outs)
-            finally:
-                rt.blocks.release(scratch)
 
     def first_change(self, session_id: str, directives: list[Directive], tenant: str = DEFAULT_TENANT) -> int:
         """The first token position ``directives`` would change (validates them; changes nothing)."""
-        rt = self.runtime
-        with rt._lock:
-            return rt.executor.plan(rt._get(tenant, session_id), directives).first_change
+        with self.runtime.hold(session_id, tenant) as session:
+            return self.runtime.executor.plan(session, directives).first_change
 
     # -- scratch work to time (blocks taken and given back here; no session is evicted for it) ---
 
@@ -121,13 +113,8 @@ class Inspector:
         """A prefill of ``token_ids`` from position 0 into scratch blocks, as the engine prefills a
         session (the last token's logits): call it, and time it, inside the ``with``."""
         rt = self.runtime
-        table = BlockTable(rt.pool.block_size)
-        with rt._lock:
-            rt.blocks.reserve(table, len(token_ids))
-        try:
+        with rt.room.scratch_table(len(token_ids)) as table:
             yield lambda: rt.engine.prefill(table, token_ids, 0)
-        finally:
-            rt.blocks.release(table)
 
     @contextmanager
     def scratch_row_copy(self, session_id: str, start: int, end: int,
@@ -137,58 +124,29 @@ class Inspector:
         amortize moves, without its rotation or its slice copies. Call it, and time it, inside
         the ``with``."""
         rt = self.runtime
-        pool, n = rt.pool, end - start
+        pool = rt.pool
         flat = pool.flat()
-        with rt._hold(tenant, session_id) as session:
-            with rt._lock:
-                blocks = rt.blocks.take(pool.blocks_for(n))
-            try:
-                src = session.table.rows(start, end)
-                dst = (torch.tensor(blocks)[:, None] * pool.block_size + torch.arange(pool.block_size)).flatten()[:n]
-                layers = torch.arange(pool.layout.num_layers)[:, None] * pool.rows_per_layer
-                src, dst = (layers + src).flatten().to(flat.device), (layers + dst).flatten().to(flat.device)
+        with rt.hold(session_id, tenant) as session, rt.room.scratch_table(end - start) as scratch:
+            layers = torch.arange(pool.layout.num_layers)[:, None] * pool.rows_per_layer
+            src = (layers + session.table.rows(start, end)).flatten().to(flat.device)
+            dst = (layers + scratch.rows(0, end - start)).flatten().to(flat.device)
 
-                def copy() -> None:
-                    for a in range(0, len(src), CHUNK_ROWS):
-                        flat.index_copy_(0, dst[a: a + CHUNK_ROWS], flat.index_select(0, src[a: a + CHUNK_ROWS]))
+            def copy() -> None:
+                for a in range(0, len(src), CHUNK_ROWS):
+                    flat.index_copy_(0, dst[a: a + CHUNK_ROWS], flat.index_select(0, src[a: a + CHUNK_ROWS]))
 
-                yield copy
-            finally:
-                rt.blocks.release(blocks)
+            yield copy
 
     def shuffle_free_blocks(self, seed: int = 0) -> None:
         """Hand out the free blocks in random order, as a pool after much churn does: the blocks a
         session takes next are not neighbours (``leyline-bench edit --fragment-pool``)."""
-        pool = self.runtime.pool
-        with self.runtime._lock, pool._lock:
-            order = torch.randperm(len(pool._free), generator=torch.Generator().manual_seed(seed)).tolist()
-            pool._free = [pool._free[i] for i in order]
+        self.runtime.pool.shuffle_free(seed)
 
     # -- work no client asks for ------------------------------------------------------
 
     def fork(self, session_id: str, tenant: str = DEFAULT_TENANT, fork_id: str | None = None) -> str:
-        """A new session with this one's messages, tokens, version, drift and cache rows (bit for
-        bit, no prefill); -> its id. The rows are copied into blocks of its own: the block manager
-        counts no references, so two live sessions never share a block."""
-        rt = self.runtime
-        with rt._hold(tenant, session_id) as source:
-            fork_id = fork_id or f"{session_id}-fork-{uuid.uuid4().hex[:8]}"
-            rt._check_new(tenant, fork_id)
-            n, rows = source.num_tokens, rt.pool.rows
-            table = BlockTable(rt.pool.block_size)
-            with rt._lock:
-                rt._make_room(rt.pool.blocks_for(n), source)
-                rt.blocks.reserve(table, n)
-            try:
-                rows[:, table.rows(0, n, rows.device)] = rows[:, source.table.rows(0, n, rows.device)]
-            except BaseException:
-                rt.blocks.release(table)
-                raise
-            fork = Session(fork_id, tenant, table, [m.model_copy() for m in source.messages],
-                           [list(t) for t in source.message_tokens], version=source.version,
-                           drift=source.drift.copy())
-        rt._register(fork)
-        return fork_id
+        """:meth:`.runtime.Runtime.fork_session`: a second session with the same rows, bit for bit."""
+        return self.runtime.fork_session(session_id, tenant, fork_id)
 
     def append_scored(self, session_id: str, messages: list[Message], tenant: str = DEFAULT_TENANT) -> torch.Tensor:
         """Append ``messages`` as :meth:`Runtime.append` does; -> the logits of every appended position
@@ -196,32 +154,12 @@ class Inspector:
         if not messages:
             return self.next_token_logits(session_id, tenant)[None]
         rt = self.runtime
-        with rt._hold(tenant, session_id) as session:
-            _, logits = rt._append(session, messages, then=[rt.tokenizer.role_ids["assistant"]], logits="all")
-            rt.blocks.trim(session.table, session.num_tokens)
+        with rt.hold(session_id, tenant) as session:
+            _, logits = rt.prefill_messages(session, messages, then=[rt.tokenizer.role_ids["assistant"]],
+                                            logits="all")
+            rt.room.trim(session.table, session.num_tokens)
             return logits
 
     def recompute(self, session_id: str, start: int, end: int, tenant: str = DEFAULT_TENANT) -> int:
-        """Recompute the session's rows ``[start, end)`` against the rows before them (copy-on-write,
-        committed by swapping its table; rows from ``end`` on are not touched); -> the rows
-        recomputed, counted as the session's recomputed tokens.
-
-        Rows before the earliest drifted position are exact, so when ``[start, end)`` holds it
-        the recomputed rows are exact too and the earliest drifted position moves to ``end``.
-        """
-        rt = self.runtime
-        with rt._hold(tenant, session_id) as session:
-            if start >= end:
-                return 0
-            with rt._lock:
-                rt._make_room(rt.pool.blocks_for(end) - start // rt.pool.block_size, session)
-            rt.executor.recompute(session, start, end)
-            with rt._lock:
-                drift = session.drift
-                if drift.earliest is not None and start <= drift.earliest < end:
-                    if end < session.num_tokens:
-                        drift.moved(end)
-                    else:  # every row from start on: the session is exact again
-                        drift.recomputed_from(start)
-            rt._tally(session, recomputed=end - start)
-            return end - start
+        """:meth:`.runtime.Runtime.recompute`: rows ``[start, end)`` recomputed exactly; -> how many."""
+        return self.runtime.recompute(session_id, start, end, tenant)

@@ -2,7 +2,8 @@
 
 This is the one object the HTTP layer and the CLI drive; benches and tests
 reach its sessions through it and :mod:`.inspection`, never through its
-private state. Every public method takes the caller's tenant: sessions live in a
+private state (the inspector too: it is built on ``hold``, ``room``, ``prefill_messages``,
+``fork_session`` and ``recompute``). Every public method takes the caller's tenant: sessions live in a
 per-tenant namespace, so a tenant can never name another tenant's session.
 Work on one session (appends, directive batches, generation) is serialised
 by that session's lock; different sessions never wait for each other, and
@@ -40,11 +41,12 @@ from leyline_sdk.protocol import (
 )
 
 from leyline_runtime.admission import Admission
+from leyline_runtime.cache_room import CacheRoom
 from leyline_runtime.config import RuntimeConfig
-from leyline_runtime.directives.auto_mode import AutoMode
+from leyline_runtime.directives.auto_mode import AutoDecider
 from leyline_runtime.auto_rule import DriftState
 from leyline_runtime.engine.engine import Engine, Generation
-from leyline_runtime.directives.executor import DirectiveExecutor, Plan
+from leyline_runtime.directives.executor import DirectiveExecutor
 from leyline_runtime.engine.grammar import GrammarProcessor
 from leyline_runtime.engine.kv_cache import BlockPool, BlockTable
 from .model import DeepseekForCausalLM, load_model
@@ -72,10 +74,10 @@ class Runtime:
                               dtype=self.model.dtype, device=config.device)
         self.engine = Engine(self.model, self.pool, config.prefill_chunk, config.max_batched_tokens,
                              config.max_num_seqs, config.batch_invariant)
-        self.blocks = self.engine.blocks  # every block a session takes or gives back goes through it
+        self.blocks = self.engine.blocks  # the one owner of blocks; called by self.room and the executor only
         self._lock = threading.RLock()  # the session map, eviction, commits and counters; never model work
         self.executor = DirectiveExecutor(self.engine, self.tokenizer, commit_lock=self._lock)
-        self.auto = AutoMode(self.executor, config.auto)
+        self.auto = AutoDecider(config.auto)  # decides the auto edits of a batch, inside its transaction
         self.stats = RuntimeStats()
         self.tenancy = Tenancy(num_blocks)
         self._sessions: dict[tuple[str, str], Session] = {}
@@ -85,6 +87,8 @@ class Runtime:
         self.max_positions = self.model.config.max_position_embeddings
         self.max_request_tokens = min(config.max_request_tokens or self.max_positions, self.max_positions)
         self.admission = Admission(self.max_positions, self.max_request_tokens, config.block_size, num_blocks)
+        self.room = CacheRoom(self.blocks, self.admission, self.tenancy, self.stats, self._lock,
+                              self._sessions, self._evicted)
 
     # -- sessions ------------------------------------------------------------------
 
@@ -97,7 +101,7 @@ class Runtime:
         # Not in the map while it is prefilled: nobody else can reach it yet.
         session = Session(sid, tenant, BlockTable(self.pool.block_size),
                           drift=DriftState(budget=self.config.auto.drift_budget))
-        self._append(session, messages, tokens)
+        self.prefill_messages(session, messages, tokens)
         self._register(session)
         return session
 
@@ -106,7 +110,7 @@ class Runtime:
         key = (session.tenant, session.session_id)
         with self._lock:
             if key in self._sessions:  # a concurrent create won
-                self.blocks.release(session.table)
+                self.room.release(session.table)
                 self._check_new(*key)
             self._sessions[key] = session
             self._evicted.discard(key)
@@ -122,8 +126,8 @@ class Runtime:
             return [s.info() for (t, _), s in self._sessions.items() if t == tenant]
 
     def delete_session(self, session_id: str, tenant: str = DEFAULT_TENANT) -> None:
-        with self._hold(tenant, session_id) as session, self._lock:  # after its work in flight
-            self.blocks.release(session.table)
+        with self.hold(session_id, tenant) as session, self._lock:  # after its work in flight
+            self.room.release(session.table)
             del self._sessions[(tenant, session_id)]
 
     def session_messages(self, session_id: str, tenant: str = DEFAULT_TENANT) -> tuple[list[Message], int]:
@@ -135,7 +139,7 @@ class Runtime:
         """Apply id-only edits (``BatchPlan.local``: replacements that render exactly like what they
         replace) to the session's messages; no token changes, so neither rows nor the version do."""
         if renames:
-            with self._hold(tenant, session_id) as session:
+            with self.hold(session_id, tenant) as session:
                 session.messages = apply_directives(session.messages, renames)
 
     def was_evicted(self, session_id: str, tenant: str = DEFAULT_TENANT) -> bool:
@@ -179,26 +183,24 @@ class Runtime:
 
     def append(self, session_id: str, messages: list[Message], tenant: str = DEFAULT_TENANT,
                expected_version: int | None = None) -> AppendResult:
-        with self._hold(tenant, session_id) as session:
+        with self.hold(session_id, tenant) as session:
             check_version(session.session_id, session.version, expected_version)
             cached = session.num_tokens
-            prefilled, _ = self._append(session, messages)
+            prefilled, _ = self.prefill_messages(session, messages)
             return AppendResult(
                 session_id=session_id, version=session.version, num_tokens=session.num_tokens,
                 num_messages=len(session.messages),
                 usage=Usage(prompt_tokens=session.num_tokens, cached_tokens=cached, prefill_tokens=prefilled))
 
     def apply(self, batch: DirectiveBatch, tenant: str = DEFAULT_TENANT, rotate: bool = True) -> DirectiveResult:
-        with self._hold(tenant, batch.session_id) as session:
+        with self.hold(batch.session_id, tenant) as session:
             t0 = time.perf_counter()
             check_version(session.session_id, session.version, batch.expected_version)
             plan = self.executor.plan(session, batch.directives)
             self.admission.check_request_tokens(sum(len(toks) for e in plan.edits for toks in e.edit.tokens))
             self.admission.check_positions(len(plan.tokens))
-            with self._lock:
-                self._make_room(self._blocks_for_plan(session, plan)
-                                + self.auto.reserve_blocks(session, plan), session)
-            self.auto.execute(session, plan, rotate=rotate)
+            self.room.make_room(self.executor.blocks_needed(session, plan), session)
+            self.executor.execute(session, plan, decide=self.auto.decide, rotate=rotate)
             reused, rotated, recomputed = plan.counts()  # the untouched prefix counts as reused
             self._tally(session, reused=reused, rotated=rotated, recomputed=recomputed)
             repaired = sum(o.auto.drift_repair_tokens for o in plan.outcomes if o.auto)
@@ -218,13 +220,13 @@ class Runtime:
         on the engine thread between two steps of every session, so it must be quick and must not
         block (raising ends this generation and leaves the session as it was);
         ``processors`` (optional) constrain or bias the choice (see :mod:`.sampling`)."""
-        with self._hold(tenant, session_id) as session:
+        with self.hold(session_id, tenant) as session:
             check_version(session.session_id, session.version, request.expected_version)
             new_tokens = self._encode_new(request.messages)
             self.admission.check_generation(session.num_tokens + sum(map(len, new_tokens)), request.max_tokens)
             cached = session.num_tokens
             header = [self.tokenizer.role_ids["assistant"]]
-            prefilled, first_logits = self._append(session, request.messages, new_tokens, then=header)
+            prefilled, first_logits = self.prefill_messages(session, request.messages, new_tokens, then=header)
             message, gen = self._generate(session, request, on_token, processors, first_logits)
             prompt_len = cached + prefilled + 1  # + the assistant header
             usage = Usage(prompt_tokens=prompt_len, cached_tokens=cached, prefill_tokens=prefilled + 1,
@@ -237,6 +239,40 @@ class Runtime:
                         if request.logprobs else None)
             return GenerateResponse(session_id=session_id, message=message, finish_reason=finish, usage=usage,
                                     logprobs=logprobs, version=session.version)
+
+    # -- work no client asks for (benches and tests, through leyline_runtime.inspection) -------
+
+    def fork_session(self, session_id: str, tenant: str = DEFAULT_TENANT, fork_id: str | None = None) -> str:
+        """A new session with this one's messages, tokens, version, drift and cache rows (bit for
+        bit, no prefill); -> its id. The rows are copied into blocks of its own: the block manager
+        counts no references, so two live sessions never share a block."""
+        with self.hold(session_id, tenant) as source:
+            fork_id = fork_id or f"{session_id}-fork-{uuid.uuid4().hex[:8]}"
+            self._check_new(tenant, fork_id)
+            n, rows = source.num_tokens, self.pool.rows
+            table = self.room.new_table(n, source)
+            try:
+                rows[:, table.rows(0, n, rows.device)] = rows[:, source.table.rows(0, n, rows.device)]
+            except BaseException:
+                self.room.release(table)
+                raise
+            fork = Session(fork_id, tenant, table, [m.model_copy() for m in source.messages],
+                           [list(t) for t in source.message_tokens], version=source.version,
+                           drift=source.drift.copy())
+        self._register(fork)
+        return fork_id
+
+    def recompute(self, session_id: str, start: int, end: int, tenant: str = DEFAULT_TENANT) -> int:
+        """Recompute the session's rows ``[start, end)`` against the rows before them (copy-on-write,
+        committed by swapping its table; rows from ``end`` on are not touched; its drift record moves
+        past them); -> the rows recomputed, counted as the session's recomputed tokens."""
+        with self.hold(session_id, tenant) as session:
+            if start >= end:
+                return 0
+            self.room.make_room(self.pool.blocks_for(end) - start // self.pool.block_size, session)
+            self.executor.recompute(session, start, end)
+            self._tally(session, recomputed=end - start)
+            return end - start
 
     # -- internals -----------------------------------------------------------------
 
@@ -270,7 +306,7 @@ class Runtime:
             return len(self.executor.plan(session, directives).tokens) if directives else session.num_tokens
 
     @contextmanager
-    def _hold(self, tenant: str, session_id: str) -> Iterator[Session]:
+    def hold(self, session_id: str, tenant: str = DEFAULT_TENANT) -> Iterator[Session]:
         """The session, for work serialised with its other work; busy (never evicted) meanwhile."""
         with self._lock:
             session = self._get(tenant, session_id)
@@ -285,37 +321,10 @@ class Runtime:
                 session.busy -= 1
                 session.last_used = time.monotonic()
 
-    def _make_room(self, blocks: int, session: Session) -> None:
-        """Evict idle sessions, least recently used first, until ``blocks`` are free (call under ``_lock``)."""
-        if blocks <= self.pool.num_free:
-            return
-        self.admission.check_blocks(len(session.table.blocks) + blocks)
-        for victim in self.tenancy.victims(self._sessions.values(), session):
-            if blocks <= self.pool.num_free:
-                break
-            self.blocks.release(victim.table)
-            del self._sessions[(victim.tenant, victim.session_id)]
-            self._evicted.add((victim.tenant, victim.session_id))
-            self.stats.evictions += 1
-            self.tenancy.stats_of(victim.tenant).evictions += 1
-        if blocks > self.pool.num_free:
-            raise CapacityExceeded(f"the cache is full with sessions in use or within other tenants' shares "
-                                   f"({self.pool.num_free} blocks free, {blocks} needed)")
-
-    def _blocks_for_plan(self, session: Session, plan: Plan) -> int:
-        keep = min(plan.first_change // self.pool.block_size, len(session.table.blocks))
-        return max(0, self.pool.blocks_for(len(plan.tokens)) - keep)
-
-    def _grow(self, session: Session, num_tokens: int) -> None:
-        self.admission.check_positions(num_tokens)
-        with self._lock:
-            self._make_room(self.pool.blocks_for(num_tokens) - len(session.table.blocks), session)
-            self.blocks.reserve(session.table, num_tokens)
-
-    def _append(self, session: Session, messages: list[Message], new_tokens: list[list[int]] | None = None,
-                then: list[int] | None = None, logits: str = "last") -> tuple[int, torch.Tensor | None]:
-        """Prefill only the new messages (``new_tokens``: already encoded); -> (tokens prefilled,
-        logits).
+    def prefill_messages(self, session: Session, messages: list[Message], new_tokens: list[list[int]] | None = None,
+                         then: list[int] | None = None, logits: str = "last") -> tuple[int, torch.Tensor | None]:
+        """Append messages to a held session (:meth:`hold`), prefilling only them (``new_tokens``: already
+        encoded); -> (tokens prefilled, logits).
 
         ``then`` (the next message's header) is prefilled in the same engine
         step, past the committed tokens; the logits returned are its last
@@ -327,12 +336,12 @@ class Runtime:
             new_tokens = self._encode_new(messages)
         flat = [t for toks in new_tokens for t in toks]
         start = session.num_tokens
-        self._grow(session, start + len(flat) + len(then or []))
+        self.room.grow(session, start + len(flat) + len(then or []))
         try:
             logits = self.engine.prefill(session.table, flat + list(then or []), start,
                                          logits=logits if then else "none")
         except BaseException:
-            self.blocks.trim(session.table, start)
+            self.room.trim(session.table, start)
             raise
         with self._lock:
             session.messages.extend(messages)
@@ -362,12 +371,9 @@ class Runtime:
         start = session.num_tokens
         header = self.tokenizer.role_ids["assistant"]
         budget = min(start + 1 + request.max_tokens + 1, self.max_positions)
-        self._grow(session, start + 1)
+        self.room.grow(session, start + 1)
         try:
-            # Reserved up front: other sessions allocate while this one decodes.
-            with self._lock:
-                self._make_room(self.pool.blocks_for(budget) - len(session.table.blocks), session)
-                self.blocks.reserve(session.table, budget)
+            self.room.grow(session, budget)  # reserved up front: other sessions allocate while this one decodes
             logits = first_logits if first_logits is not None else self.engine.prefill(session.table, [header], start)
             gen = self.engine.decode(session.table, start + 1, logits, request, {self.tokenizer.end_id},
                                      self.max_positions - 1, decode_text=self.tokenizer.decode,
@@ -377,14 +383,14 @@ class Runtime:
             common = 0
             while common < min(len(written), len(tokens)) and written[common] == tokens[common]:
                 common += 1
-            self.blocks.reserve(session.table, start + len(tokens))
+            self.room.reserve(session.table, start + len(tokens))
             self.engine.prefill(session.table, tokens[common:], start + common, logits="none")
         except BaseException:
             # Back to the committed tokens: the header row past them (written by generate()'s
             # prefill, on a fresh block when they end on a block boundary) is not kept.
-            self.blocks.trim(session.table, start)
+            self.room.trim(session.table, start)
             raise
-        self.blocks.trim(session.table, start + len(tokens))
+        self.room.trim(session.table, start + len(tokens))
         with self._lock:
             session.messages.append(message)
             session.message_tokens.append(tokens)

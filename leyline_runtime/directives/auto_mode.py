@@ -23,10 +23,12 @@ Per directive, in position order:
   most; see :mod:`.recompute`);
 * else ``amortize``.
 
-Every amortized ``auto`` edit adds its drift to the session's (:mod:`.drift`); past the
-drift budget the batch also re-prefills from the earliest drifted position. The budget
-is in drift units, so deeper models (more drift per edit) are repaired more often.
-All of it runs inside the executor's transaction, before the block table is swapped.
+Every amortized ``auto`` edit adds its drift to the session's (``DriftState``, walked by
+:mod:`.batch_drift`); past the drift budget the batch also re-prefills from the earliest drifted
+position. The budget is in drift units, so deeper models (more drift per edit) are repaired more
+often. All of it runs inside the executor's transaction (:meth:`~.executor.DirectiveExecutor.execute`
+calls :meth:`AutoDecider.decide` for a batch with an ``auto`` edit, and only then), before the
+block table is swapped.
 """
 
 from __future__ import annotations
@@ -35,12 +37,12 @@ import torch
 
 from leyline_sdk.protocol import AutoDecision
 
-from leyline_runtime.auto_rule import AutoConfig, DriftState, edit_drift, moved_position, signal_choice, tail_is_short
+from leyline_runtime.auto_rule import AutoConfig, DriftState, edit_drift, signal_choice, tail_is_short
 from leyline_runtime.engine.engine import Engine
-from leyline_runtime.directives.executor import PREFILL, DirectiveExecutor, Plan, TokenEdit
+from leyline_runtime.directives.batch_drift import walk_batch
+from leyline_runtime.directives.executor import PREFILL, Plan, TokenEdit, Transaction
 from leyline_runtime.engine.kv_cache import BlockTable
 from leyline_runtime.model.batch import BatchLayout
-from leyline_runtime.directives.recompute import recompute_rows
 from leyline_runtime.sessions.session import Session
 
 
@@ -98,85 +100,33 @@ def layer0_attention(engine: Engine, table: BlockTable, tokens: list[int], start
     return float(probs[..., start:end].sum(-1).mean())
 
 
-def new_starts(edits: list[TokenEdit]) -> list[int]:
-    """Each edit's start in the edited sequence."""
-    out, shift = [], 0
-    for t in edits:
-        out.append(t.old_start + shift)
-        shift += t.delta
-    return out
+class AutoDecider:
+    """Decides a batch's ``auto`` edits inside the executor's transaction (its ``decide``): the
+    executor hands a batch here only when it has one."""
 
-
-class AutoMode:
-    """Runs directive batches through the executor, deciding their ``auto`` edits inside its transaction."""
-
-    def __init__(self, executor: DirectiveExecutor, config: AutoConfig):
-        self.executor = executor
-        self.engine = executor.engine
+    def __init__(self, config: AutoConfig):
         self.config = config
 
-    def execute(self, session: Session, plan: Plan, rotate: bool = True) -> None:
-        """Execute ``plan`` as one transaction: splice and prefill, decide and recompute, commit."""
-        with self.executor.transaction(session, plan, rotate) as txn:
-            txn.table = self._decide_batch(session, plan, txn.table, txn.owned)
-
-    def reserve_blocks(self, session: Session, plan: Plan) -> int:
-        """Blocks a drift repair may copy on write beyond what the plan itself allocates."""
-        if not any(t.edit.mode == "auto" for t in plan.edits) or session.drift.earliest is None:
-            return 0
-        bs = self.engine.pool.block_size
-        return max(0, plan.first_change // bs - session.drift.earliest // bs + 1)
-
-    def _decide_batch(self, session: Session, plan: Plan, table: BlockTable, owned: list[int]) -> BlockTable:
-        """Decide every ``auto`` edit of ``plan`` (spliced and prefilled into ``table``), run the
+    def decide(self, session: Session, plan: Plan, txn: Transaction) -> None:
+        """Decide every ``auto`` edit of ``plan`` (spliced and prefilled into ``txn.table``), run the
         recomputes they need, and leave the session's next drift state in ``plan.drift``."""
         n = len(plan.tokens)
-        state = session.drift.copy()
-        state.budget = self.config.drift_budget
-        if state.earliest is not None:
-            state.moved(moved_position(plan.edits, state.earliest))
-        starts = new_starts(plan.edits)
-        # where the executor already prefilled everything (an explicit forget or a fallback)
-        prefilled_from = next((s for t, s in zip(plan.edits, starts) if t.applied_mode == "forget"), None)
-        decisions, forget_from, fresh_until = self._decide_edits(plan, starts, table, state, prefilled_from)
-        start = self._recompute_start(decisions, state, forget_from, n)
-        if start is not None and start != prefilled_from:
+        num_layers = txn.engine.model.config.num_hidden_layers
+
+        def decide_edit(t: TokenEdit, s: int) -> tuple[AutoDecision, float]:
+            decision = self._decide(txn.engine, txn.table, plan.tokens, s, s + len(t.new_tokens))
+            return decision, edit_drift(decision.layer1_change or 0.0, num_layers)
+
+        walk = walk_batch(session.drift, plan.edits, self.config.drift_budget, decide_edit)
+        start = self._recompute_start(walk.decisions, walk.state, walk.forget_from, n)
+        if start is not None and start != walk.prefilled_from:
             # An auto forget's replacement rows were already prefilled against the rows before
             # it: recomputing them would write the same rows again.
-            begin = fresh_until if start == forget_from else start
-            table = recompute_rows(self.engine, table, plan.tokens, begin, n, owned)
+            txn.recompute(walk.fresh_until if start == walk.forget_from else start, n)
             plan.old_pos[start:] = PREFILL
-        for d in decisions:
-            d.session_drift = state.drift
-        plan.drift = state
-        return table
-
-    def _decide_edits(self, plan: Plan, starts: list[int], table: BlockTable, state: DriftState,
-                      forget_from: int | None) -> tuple[list[AutoDecision], int | None, int | None]:
-        """Each edit in order; everything from the first forget on is forgotten. Returns the auto
-        decisions, where the forget begins and where its already prefilled replacement ends."""
-        decisions, fresh_until = [], forget_from
-        for t, s in zip(plan.edits, starts):
-            if forget_from is not None and s >= forget_from:
-                if t.edit.mode == "auto":
-                    t.auto = AutoDecision(choice="forget", reason=t.fallback_reason or "after_forget")
-                    t.fallback_reason = None
-                elif t.applied_mode == "amortize":
-                    t.fallback_reason = "after_forget"
-                t.applied_mode = "forget"
-            elif t.edit.mode != "auto":
-                state.amortized(s, 0.0)  # unmeasured: it only moves a repair's start
-            else:
-                t.auto = self._decide(table, plan.tokens, s, s + len(t.new_tokens))
-                if t.auto.choice == "forget":
-                    t.applied_mode, forget_from, fresh_until = "forget", s, s + len(t.new_tokens)
-                else:
-                    state.amortized(s, edit_drift(t.auto.layer1_change or 0.0, self.engine.model.config.num_hidden_layers))
-            if t.auto is not None:
-                decisions.append(t.auto)
-        if forget_from is not None:
-            state.recomputed_from(forget_from)
-        return decisions, forget_from, fresh_until
+        for d in walk.decisions:
+            d.session_drift = walk.state.drift
+        plan.drift = walk.state
 
     def _recompute_start(self, decisions: list[AutoDecision], state: DriftState, forget_from: int | None,
                          n: int) -> int | None:
@@ -193,16 +143,17 @@ class AutoMode:
             repairs[-1].repaired_tokens = tail
         return start
 
-    def _decide(self, table: BlockTable, tokens: list[int], start: int, edit_end: int) -> AutoDecision:
+    def _decide(self, engine: Engine, table: BlockTable, tokens: list[int], start: int,
+                edit_end: int) -> AutoDecision:
         cfg, n = self.config, len(tokens)
         if tail_is_short(cfg, n, edit_end):
             return AutoDecision(choice="forget", reason="short_tail")
         window_end = min(n, edit_end + cfg.signal_window)
-        change = layer1_change(self.engine, table, tokens, edit_end, window_end)
-        attention = layer0_attention(self.engine, table, tokens, start, window_end, cfg.attention_queries)
-        choice, reason = signal_choice(cfg, edit_drift(change, self.engine.model.config.num_hidden_layers), attention)
+        change = layer1_change(engine, table, tokens, edit_end, window_end)
+        attention = layer0_attention(engine, table, tokens, start, window_end, cfg.attention_queries)
+        choice, reason = signal_choice(cfg, edit_drift(change, engine.model.config.num_hidden_layers), attention)
         return AutoDecision(choice=choice, reason=reason, layer1_change=change, attention=attention,
                             signal_tokens=window_end - edit_end)
 
 
-__all__ = ["AutoMode", "layer1_change"]
+__all__ = ["AutoDecider", "layer1_change"]

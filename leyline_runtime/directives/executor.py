@@ -6,10 +6,13 @@ an old row moved by δ (copy ``c_kv``, rotate ``k_pe``) or a token to prefill.
 Execution writes every changed row into fresh blocks — one rotate-and-splice
 pass over all layers, then the prefills in position order — and commits by
 swapping the block table. Nothing of the session changes before the commit,
-so an error anywhere leaves it exactly as it was. ``auto`` edits are planned as
-amortize; ``auto_mode.py`` runs the batch as a :meth:`DirectiveExecutor.transaction`
-and decides them on the spliced rows inside it, before the commit (the executor
-knows nothing of auto mode: the dependency goes one way).
+so an error anywhere leaves it exactly as it was. Every batch, whatever its modes,
+runs through :meth:`DirectiveExecutor.execute`, and the executor takes, commits and
+gives back every block of it. ``auto`` edits are planned as amortize; a batch with
+one is handed inside the transaction to the caller's ``decide`` (``auto_mode.py``),
+which measures them on the spliced rows and may recompute, before the commit; any
+other batch only walks its edits for the session's drift record (``batch_drift.py``).
+The executor knows nothing of auto mode: the dependency goes one way.
 """
 
 from __future__ import annotations
@@ -30,7 +33,8 @@ from leyline_runtime.auto_rule import DriftState
 from leyline_runtime.outcome_rule import applied_modes
 from leyline_runtime.engine.engine import Engine
 from leyline_runtime.engine.kv_cache import BlockTable
-from leyline_runtime.directives.recompute import recompute_rows
+from leyline_runtime.directives.batch_drift import recomputed_rows, walk_batch
+from leyline_runtime.directives.recompute import blocks_to_copy, recompute_rows
 from leyline_runtime.sessions.session import Session
 from leyline_runtime.text.tokenizer import ChatTokenizer
 
@@ -74,7 +78,12 @@ class Plan:
     edits: list[TokenEdit]
     first_change: int  # first new position whose row is not the old row at that position
     outcomes: list[DirectiveOutcome] = field(default_factory=list)
-    drift: DriftState | None = None  # the session's drift state after the batch (set by auto mode)
+    drift: DriftState | None = None  # the session's drift state after the batch (set in the transaction)
+
+    @property
+    def has_auto(self) -> bool:
+        """Some edit asked for ``mode: "auto"``: the transaction hands the batch to its decider."""
+        return any(t.edit.mode == "auto" for t in self.edits)
 
     def counts(self) -> tuple[int, int, int]:
         """Rows (reused in place, moved, computed) over the whole new sequence."""
@@ -89,6 +98,16 @@ class Transaction:
 
     table: BlockTable
     owned: list[int]
+    engine: Engine
+    tokens: list[int]  # the sequence the table holds once the batch is done
+
+    def recompute(self, start: int, end: int) -> None:
+        """Recompute rows ``[start, end)`` of the new table against the rows before them; the blocks
+        it copies on write are the transaction's (its own blocks are written in place)."""
+        shared = blocks_to_copy(self.table, len(self.tokens), start, end, self.owned)
+        fresh = self.engine.blocks.take(len(shared))
+        self.owned.extend(fresh)
+        self.table = recompute_rows(self.engine, self.table, self.tokens, start, end, dict(zip(shared, fresh)))
 
 
 def common_ends(old: list[int], new: list[int]) -> tuple[int, int]:
@@ -264,16 +283,39 @@ class DirectiveExecutor:
 
     # -- execution -----------------------------------------------------------------
 
+    def execute(self, session: Session, plan: Plan, *, decide: Callable[[Session, Plan, Transaction], None],
+                rotate: bool = True) -> None:
+        """Run ``plan`` as one transaction: splice and prefill, then ``decide`` its ``auto`` edits if it
+        has any (``AutoDecider.decide``), else walk its edits for the session's drift record; commit."""
+        with self.transaction(session, plan, rotate) as txn:
+            if plan.has_auto:
+                decide(session, plan, txn)
+            else:
+                plan.drift = walk_batch(session.drift, plan.edits, session.drift.budget).state
+
+    def blocks_needed(self, session: Session, plan: Plan) -> int:
+        """Fresh blocks executing ``plan`` may take: the new table's past the kept prefix, and, in a batch
+        with ``auto`` edits, the kept blocks a drift repair from the earliest stale row copies on write."""
+        bs, earliest = self.engine.blocks.block_size, session.drift.earliest
+        needed = max(0, self.engine.blocks.blocks_for(len(plan.tokens)) - self._kept_blocks(session, plan))
+        if plan.has_auto and earliest is not None:
+            needed += max(0, plan.first_change // bs - earliest // bs + 1)
+        return needed
+
+    def _kept_blocks(self, session: Session, plan: Plan) -> int:
+        """The session's blocks before the first changed row: the new table shares them."""
+        return min(plan.first_change // self.engine.blocks.block_size, len(session.table.blocks))
+
     @contextlib.contextmanager
     def transaction(self, session: Session, plan: Plan, rotate: bool = True) -> Iterator[Transaction]:
         """Splice and prefill ``plan`` into a new table, yield it, then commit it (outcomes recounted).
 
-        Inside, the caller may recompute rows into a new ``table`` (taking its blocks into
-        ``owned``) and change ``plan``'s edits; an error gives back every block taken."""
+        Inside, the caller may recompute rows (:meth:`Transaction.recompute`) and change ``plan``'s
+        edits; an error gives back every block taken."""
         blocks, bs = self.engine.blocks, self.engine.blocks.block_size
         old_table = session.table
-        keep_blocks = min(plan.first_change // bs, len(old_table.blocks))
-        txn = Transaction(*blocks.fork(old_table, keep_blocks, len(plan.tokens)))
+        keep_blocks = self._kept_blocks(session, plan)
+        txn = Transaction(*blocks.fork(old_table, keep_blocks, len(plan.tokens)), self.engine, plan.tokens)
         try:
             start = keep_blocks * bs
             self._splice(old_table, txn.table, plan, start, rotate)
@@ -287,16 +329,19 @@ class DirectiveExecutor:
 
     def recompute(self, session: Session, start: int, end: int) -> None:
         """Recompute the session's rows ``[start, end)`` against its cache as it stands; rows
-        from ``end`` on are not touched. Copy-on-write, committed by swapping the table."""
-        owned: list[int] = []
+        from ``end`` on are not touched. Copy-on-write, committed by swapping the table.
+
+        The session's drift record moves past the recomputed rows (:func:`.batch_drift.recomputed_rows`)."""
+        txn = Transaction(session.table, [], self.engine, session.tokens)
         try:
-            table = recompute_rows(self.engine, session.table, session.tokens, start, end, owned)
+            txn.recompute(start, end)
         except BaseException:
-            self.engine.blocks.release(owned)
+            self.engine.blocks.release(txn.owned)
             raise
         with self.commit_lock:
-            self.engine.blocks.commit(session.table, table)
-            session.table = table
+            self.engine.blocks.commit(session.table, txn.table)
+            session.table = txn.table
+            recomputed_rows(session.drift, start, end, session.num_tokens)
 
     def _splice(self, old_table: BlockTable, new_table: BlockTable, plan: Plan, start: int, rotate: bool) -> None:
         new_pos = start + (plan.old_pos[start:] != PREFILL).nonzero().flatten()

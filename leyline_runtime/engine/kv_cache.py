@@ -63,6 +63,13 @@ class BlockPool:
         with self._lock:
             self._free.extend(reversed(blocks))
 
+    def shuffle_free(self, seed: int = 0) -> None:
+        """Hand out the free blocks in random order from now on, as a pool after much churn does
+        (benches: the blocks a session takes next are not neighbours)."""
+        with self._lock:
+            order = torch.randperm(len(self._free), generator=torch.Generator().manual_seed(seed)).tolist()
+            self._free = [self._free[i] for i in order]
+
     def flat(self) -> torch.Tensor:
         """``[num_layers * rows_per_layer, row_width]`` view for the kernels."""
         return self.rows.view(-1, self.rows.shape[-1])

@@ -15,6 +15,11 @@ What counts as a runtime: a name or attribute called ``runtime`` or ``rt`` (``_r
 ``..._runtime`` and ``..._rt`` too), a name bound to a ``Runtime(...)`` call, and a
 parameter annotated ``Runtime``. A class's own ``self._x`` or an unrelated ``self.pool`` is
 not a runtime. ``tests/runtime`` is the runtime's own white-box suite and is not scanned.
+
+Inside the package, ``leyline_runtime/inspection.py`` (what benches and tests read and try beyond
+the REST surface) is scanned too, more strictly: it is built on the runtime's public primitives, so
+it uses no private of any other object or module (``rt._lock``, ``pool._free``, an imported
+``_clip``) and never a runtime's block manager; reading the pool's rows is its business.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 SCANNED = ["benchmarks", "training", "testkit", "integrations", "tests", "examples"]
 WHITE_BOX = [ROOT / "tests" / "runtime"]  # the runtime's own unit tests
+INSPECTOR = ROOT / "leyline_runtime" / "inspection.py"
 RUNTIME_NAMES = {"runtime", "rt", "_runtime", "_rt"}
 OWNED_STATE = {"blocks", "pool"}  # the block manager and the pool: the runtime's alone
 
@@ -85,6 +91,23 @@ def reaches(source: str) -> list[tuple[int, str]]:
     return found
 
 
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def inspector_reaches(source: str) -> list[tuple[int, str]]:
+    """(line, expression) of everything in ``source`` the inspector may not use: a private of
+    anything but itself (an attribute, or a name imported) and a runtime's block manager."""
+    found = {(line, expr) for line, expr in reaches(source) if not expr.endswith(".pool")}
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Attribute) and _private(node.attr) and not (
+                isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
+            found.add((node.lineno, ast.unparse(node)))
+        elif isinstance(node, ast.ImportFrom):
+            found |= {(node.lineno, f"{node.module}.{a.name}") for a in node.names if _private(a.name)}
+    return sorted(found)
+
+
 def scanned_modules() -> list[Path]:
     return sorted(p for folder in SCANNED for p in (ROOT / folder).rglob("*.py")
                   if not any(p.is_relative_to(w) for w in WHITE_BOX) and ".venv" not in p.parts)
@@ -94,6 +117,31 @@ def test_nothing_outside_the_runtime_reaches_into_one():
     found = [f"{path.relative_to(ROOT)}:{line}: {expr}" for path in scanned_modules()
              for line, expr in sorted(reaches(path.read_text()))]
     assert found == [], "use Runtime's methods or leyline_runtime.inspection.Inspector:\n" + "\n".join(found)
+
+
+def test_the_inspector_uses_only_the_runtime_public_primitives():
+    found = [f"leyline_runtime/inspection.py:{line}: {expr}" for line, expr in inspector_reaches(INSPECTOR.read_text())]
+    assert found == [], "build it on Runtime's public primitives (hold, room, prefill_messages...):\n" + "\n".join(found)
+
+
+@pytest.mark.parametrize("source", [
+    "class Inspector:\n    def f(self):\n        with self.runtime._lock:\n            pass",
+    "def f(rt, s):\n    rt._grow(s, 4)",
+    "def f(pool):\n    return pool._free",
+    "from leyline_runtime.model.batch import BatchLayout, _clip",
+    "class Inspector:\n    def f(self):\n        return self.runtime.blocks.take(2)",
+    "def f(rt):\n    rt.engine.blocks.release([1])",
+])
+def test_the_inspector_scan_catches_a_private(source):
+    assert inspector_reaches(source), source
+
+
+@pytest.mark.parametrize("source", [
+    "class Inspector:\n    def f(self):\n        return self._after_header() + self.runtime.pool.rows",
+    "def f(rt):\n    with rt.hold('s') as s, rt.room.scratch_table(4) as t:\n        return s.table.rows(0, 4), t",
+])
+def test_the_inspector_scan_leaves_public_primitives_alone(source):
+    assert inspector_reaches(source) == [], source
 
 
 def test_the_scan_covers_benches_and_tests():

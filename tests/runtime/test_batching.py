@@ -268,7 +268,7 @@ def test_work_on_one_session_never_blocks_another(rt):
         done.set()
 
     # Hold the first session as a long directive batch or generation would.
-    with rt._hold("default", busy):
+    with rt.hold(busy, "default"):
         worker = threading.Thread(target=generate_on_the_other)
         worker.start()
         assert done.wait(timeout=300), "a generation waited for another session's work"

@@ -56,7 +56,7 @@ def test_decode_matches_full_forward(rt):
     # the last generated token's logits came from the cached path
     s2 = session(rt, s.messages[:-1])
     n = s2.num_tokens
-    rt._grow(s2, len(toks))
+    rt.room.grow(s2, len(toks))
     rt.engine.prefill(s2.table, toks[n:-2], n, logits="none")
     last = rt.engine.prefill(s2.table, [toks[-2]], len(toks) - 2)
     assert (last - full).abs().max().item() <= 1e-4
