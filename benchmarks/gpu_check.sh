@@ -19,6 +19,6 @@ if ! $PY -c "import pydantic, llguidance, fastapi, uvicorn, orjson" 2>/dev/null 
     echo "gpu-check: installing .gpu-wheels failed; steps that need those packages will be skipped"
   fi
 fi
-export PYTHONPATH="$ROOT:$ROOT/kernels:$ROOT/integrations:$ROOT/benchmarks:$ROOT/training${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="$ROOT:$ROOT/kernels:$ROOT/integrations:$ROOT/benchmarks:$ROOT/training:$ROOT/testkit${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
 exec $PY -m leyline_bench.gpu.check "$@"
