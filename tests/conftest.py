@@ -13,7 +13,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
-SOURCE_ROOTS = [ROOT, ROOT / "kernels", ROOT / "integrations", ROOT / "benchmarks", ROOT / "training"]
+SOURCE_ROOTS = [ROOT, ROOT / "kernels", ROOT / "integrations", ROOT / "benchmarks", ROOT / "training", ROOT / "testkit"]
 
 for path in [TESTS, *SOURCE_ROOTS]:
     if str(path) not in sys.path:
