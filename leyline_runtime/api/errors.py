@@ -21,6 +21,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from fastapi import FastAPI, Request, Response
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
@@ -44,7 +45,8 @@ _DESCRIPTIONS = {
     401: "Missing or wrong API key (`unauthorized`)",
     404: "No such session for this tenant (`session_not_found`; the message hints when it was evicted)",
     409: "`expected_version` does not match the session's version (`version_conflict`), or a session with this "
-         "id exists already (`session_exists`, on create); nothing changed",
+         "id exists already (`session_exists`, on create), or the session has nothing to generate after (`empty_prompt`: "
+         "no messages, and a chat template that renders no prompt without them); nothing changed",
     408: "The request body did not arrive within the server's body timeout (`request_timeout`)",
     413: "Over a request limit: body, message size, message count or tokens per request "
          "(`request_too_large`); or the session cannot fit the KV cache or the model's context "
@@ -162,6 +164,20 @@ def install_error_handlers(app: FastAPI) -> None:
     for bad_input in _BAD_INPUT:
         app.add_exception_handler(bad_input, _bad_input)
     app.add_exception_handler(Exception, _internal_error)
+
+
+def install_method_not_allowed(app: FastAPI, routes: list[Any]) -> None:
+    """Inside an app that is not ours (``vllm serve``): a 405 on a path one of ``routes`` serves gets
+    Leyline's answer, every allowed method in ``Allow`` (Starlette names only the first matching
+    route's, and a path's GET and POST are two routes); any other path keeps FastAPI's own. A 405 is
+    raised by the router before any route runs, so no route class can map it."""
+
+    async def method_not_allowed(request: Request, exc: Exception) -> Response:
+        ours = any(route.matches({**request.scope, "method": "GET"})[0] != Match.NONE
+                   for route in _leaf_routes(routes))
+        return await (_http_error(request, exc) if ours else http_exception_handler(request, exc))  # type: ignore[arg-type]
+
+    app.add_exception_handler(405, method_not_allowed)
 
 
 # pydantic's own words for a session id would be its regex; the rule in words is clearer.

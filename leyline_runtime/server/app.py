@@ -20,7 +20,7 @@ from .chat import ChatService
 from .durability import restore_sessions, save_sessions
 from ..api.errors import install_error_handlers
 from .limits import BodyGuard, Limits
-from .openapi import install_openapi
+from ..api.openapi import install_openapi
 
 DESCRIPTION = """\
 Leyline: an inference runtime whose sessions can be *edited* through directives

@@ -1,7 +1,7 @@
 """Schemathesis hooks for the contract run (``SCHEMATHESIS_HOOKS=schemathesis_hooks``).
 
 Some rules of the API compare one field with another, which a JSON schema cannot state; the document
-says them in words (``leyline_runtime/server/openapi.py``) and the server answers 422 naming them. The
+says them in words (``leyline_runtime/api/openapi.py``) and the server answers 422 naming them. The
 generator is told them here, so that a body it calls valid is one the rules allow:
 
 * a span's ``end`` is at or after its ``start``;
@@ -59,10 +59,15 @@ def _tool_names_unique(body: dict) -> bool:
     return len(names) == len(set(map(str, names)))
 
 
+def _number(value: Any) -> bool:
+    # the generator writes an integer field as 227.0 too, and the server takes it as 227
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def _min_within_max(body: dict) -> bool:
     least = body.get("min_tokens")
     cap = body.get("max_completion_tokens") or body.get("max_tokens") or DEFAULT_MAX_TOKENS
-    return not (isinstance(least, int) and isinstance(cap, int) and least > cap)
+    return not (_number(least) and _number(cap) and least > cap)
 
 
 def _bias_inside_any_vocabulary(body: dict) -> bool:

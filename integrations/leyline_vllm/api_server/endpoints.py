@@ -19,7 +19,7 @@ import json
 import os
 from typing import Any
 
-from fastapi import APIRouter, FastAPI, Request
+from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response, StreamingResponse
 from fastapi.routing import APIRoute
@@ -29,8 +29,9 @@ from leyline_runtime.api.chat import bound_chat, bound_session, parse_chat_reque
 from leyline_runtime.api.chat_prompt import generate_request, prompt_messages
 from leyline_runtime.api.chat_request import ChatCompletionRequest
 from leyline_runtime.api.chat_turn import ChatTurn
-from leyline_runtime.api.errors import LeylineErrorRoute
+from leyline_runtime.api.errors import LeylineErrorRoute, install_method_not_allowed
 from leyline_runtime.api.openai_errors import OpenAIKnownErrorsRoute
+from leyline_runtime.api.openapi import install_openapi, refuse_fields
 from leyline_runtime.api.sessions import build_session_router
 from leyline_sdk.errors import LeylineError, ValidationFailed
 from leyline_sdk.protocol import (
@@ -48,9 +49,11 @@ from leyline_sdk.protocol import (
 )
 from leyline_sdk.tools_prompt import TOOL_CALL
 
+from .auth import require_api_key, served_keys
 from .auto_edits import AutoRule, auto_config_from_env
 from .metrics import register_collector
 from .service import LeylineService
+from .sampling import refused_sampling
 from .template import ChatRenderer
 
 # Exposes a session's saved KV rows over HTTP: for the plugin's own tests and diagnostics only.
@@ -155,10 +158,11 @@ def _one_tenant() -> str:
 def build_router(original_chat: APIRoute | None) -> APIRouter:
     """The shared session routes (leyline_runtime.api.sessions) and the plugin's own: health, chat."""
     router = APIRouter(tags=["leyline"], route_class=LeylineErrorRoute)
-    router.include_router(build_session_router(VllmSessions, _one_tenant))
+    keyed = [Depends(require_api_key)]  # vLLM's own key check leaves paths outside /v1 open (.auth)
+    router.include_router(build_session_router(VllmSessions, _one_tenant), dependencies=keyed)
 
     if os.environ.get(DEBUG_ROUTES_ENV) == "1":
-        @router.get("/leyline/debug/sessions/{session_id}/rows", include_in_schema=False)
+        @router.get("/leyline/debug/sessions/{session_id}/rows", include_in_schema=False, dependencies=keyed)
         async def session_rows(request: Request, session_id: str):
             layer = int(request.query_params.get("layer", "0"))
             rank = int(request.query_params.get("rank", "0"))  # tensor parallel: each rank holds its heads
@@ -207,6 +211,21 @@ async def _delegate(original: APIRoute | None, request: Request, data: Any):
     return await original.endpoint(request=parsed, raw_request=request)
 
 
+def _document_refused_sampling(app: FastAPI) -> None:
+    """The document names the sampling fields this server refuses (:func:`.sampling.refused_sampling`: known
+    once the engine is up, before the document is first built)."""
+    amended = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        schema = amended()
+        service = getattr(app.state, "leyline", None)
+        if service is not None:
+            refuse_fields(schema, "GenerateRequest", service.refused_sampling)
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
 class LeylineEndpoints:
     """The endpoint plugin: routes in ``attach_router``, the service in ``init_state``."""
 
@@ -216,9 +235,16 @@ class LeylineEndpoints:
     def attach_router(self, app: FastAPI) -> None:
         original = next((r for r in app.routes if isinstance(r, APIRoute) and r.path == "/v1/chat/completions"
                          and "POST" in r.methods), None)
-        app.include_router(build_router(original))
+        router = build_router(original)
+        app.include_router(router)
+        # vLLM's document, with the session models' rules in words its schema can carry (as the bundled
+        # app's); a wrong method on a Leyline path answered as the bundled app answers it
+        install_openapi(app, paths=sorted({route.path for route in router.routes}))
+        _document_refused_sampling(app)
+        install_method_not_allowed(app, router.routes)
 
     async def init_state(self, engine_client, state, args) -> None:
+        state.leyline_api_keys = served_keys(args)
         if engine_client is None:
             return
         config = engine_client.vllm_config
@@ -230,7 +256,8 @@ class LeylineEndpoints:
             max_model_len=config.model_config.max_model_len,
             model_name=names[0] if names else config.model_config.model,
             refusal=None if support.get("supported") else support.get("reason"),
-            auto=AutoRule(auto_config_from_env(), num_layers=int(support.get("layers") or 0)))
+            auto=AutoRule(auto_config_from_env(), num_layers=int(support.get("layers") or 0)),
+            refused_sampling=refused_sampling(config))
         state.leyline_support = support
         register_collector(state.leyline)
 

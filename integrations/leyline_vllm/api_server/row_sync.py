@@ -52,6 +52,10 @@ class Sync:
     def last(self) -> EngineResult:
         return self.results[-1]
 
+    @property
+    def prompt_len(self) -> int:
+        return self.results[-1].prompt_len if self.results else 0  # no results: an empty history
+
 
 class RowSync:
     def __init__(self, engine_client, *, block_size: int, refusal: str | None, stats: ReplicaStats):
@@ -70,6 +74,11 @@ class RowSync:
         nothing moves). ``auto``: the batch's edits are ``auto`` (none ``forget``): planned as an
         amortize with a signal window, decided between its two requests (:mod:`.auto_edits`);
         ``edit_start``: where the first edit starts, for the session's drift budget."""
+        if not ids:  # an empty history (no messages, or every one removed): no prompt to run, no rows to keep
+            if session.snapshot is not None:
+                self.release_later([session.snapshot.key])
+                session.snapshot = None
+            return Sync([], TurnPlan(prefix=0))
         if self.refusal is not None:
             return await self._unspliced(session, ids, sampling)
         old = session.snapshot

@@ -6,6 +6,22 @@ from leyline_sdk.protocol import GenerateRequest, TokenLogprob, TopLogprob
 
 from .engine import EngineResult
 
+# vLLM 0.32 on CPU rewinds a seeded request's generator when a step discards its sampled token (a prompt
+# split across steps by chunked prefill), which CPU generators cannot do: the engine dies ("CPU Generator
+# does not use offset") and the server with it. Seen on plain vLLM's /v1/completions, a 3,500-token
+# seeded prompt (2-core AMX Xeon, MLA with chunked prefill). Any prompt may be split under load.
+SEED_ON_CPU = ("not served here: vLLM's CPU backend with chunked prefill crashes its engine on a seeded "
+               "request whose prompt is split across steps; leave seed out (or serve with chunked prefill off)")
+
+
+def refused_sampling(vllm_config) -> dict[str, str]:
+    """The sampling fields this server refuses on Leyline's routes, with why (field -> reason)."""
+    from vllm.platforms import current_platform
+
+    if current_platform.is_cpu() and vllm_config.scheduler_config.enable_chunked_prefill:
+        return {"seed": SEED_ON_CPU}
+    return {}
+
 
 def vllm_sampling(body: GenerateRequest, max_tokens: int) -> dict:
     out = {"max_tokens": max_tokens, "temperature": body.temperature, "top_p": body.top_p,

@@ -21,7 +21,7 @@ import uuid
 from leyline_runtime.api.chat_turn import ChatTurn, plan_chat_turn
 from leyline_runtime.auto_rule import AutoConfig, DriftState
 from leyline_sdk.diff import apply_directives
-from leyline_sdk.errors import CapacityExceeded, SessionExists, SessionNotFound
+from leyline_sdk.errors import CapacityExceeded, ConflictError, SessionExists, SessionNotFound, ValidationFailed
 from leyline_sdk.tools_prompt import parse_assistant
 from leyline_sdk.protocol import (
     AppendResult,
@@ -52,8 +52,10 @@ REBUILT_VERSION_RANGE = 2**31  # where a rebuilt session's versions start (see c
 
 class LeylineService:
     def __init__(self, engine_client, renderer: ChatRenderer, *, block_size: int, max_model_len: int,
-                 model_name: str, refusal: str | None = None, auto: AutoRule | None = None):
+                 model_name: str, refusal: str | None = None, auto: AutoRule | None = None,
+                 refused_sampling: dict[str, str] | None = None):
         self.engine = engine_client
+        self.refused_sampling = refused_sampling or {}  # sampling field -> why this server refuses it
         self.auto = auto or AutoRule(AutoConfig(), num_layers=0)  # mode auto's thresholds and the model's depth
         self.refusal = refusal  # why the worker does not splice this model's cache (None: it does)
         self.renderer = renderer
@@ -116,7 +118,7 @@ class LeylineService:
         async with session.lock:
             check_version(session.session_id, session.version, expected_version)
             sync = await self._append(session, messages)
-            n = sync.last.prompt_len
+            n = sync.prompt_len
             return AppendResult(session_id=sid, version=session.version, num_tokens=n,
                                 num_messages=len(session.messages),
                                 usage=Usage(prompt_tokens=n, cached_tokens=n - sync.computed,
@@ -187,6 +189,9 @@ class LeylineService:
                         ) -> tuple[GenerateResponse, Sync, list[DirectiveOutcome]]:
         """Generate after ``body.messages``; with ``edits``, the batch is applied first in the same pass
         (its own version, its outcomes returned)."""
+        for field, reason in self.refused_sampling.items():
+            if getattr(body, field) is not None:
+                raise ValidationFailed(f"{field}: {reason}")
         base = session.messages if edits is None else edited(session.messages, edits)
         history = base + list(body.messages)
         # measured before anything runs: nothing may fail once vLLM has generated. One tokenization:
@@ -194,6 +199,9 @@ class LeylineService:
         at = None if edits is None else [len(base), *replacement_bounds(edits)]
         ids, bounds = self._encode(history, generation_prompt=True, bounds_at=at)
         spans = self._edit_spans(session.messages, edits, bounds[1:]) if edits is not None else None
+        if not ids:  # vLLM refuses an empty prompt; a chat template may render nothing for no messages
+            raise ConflictError("the session has no messages and the chat template renders no prompt without "
+                                "them: append a message first", code="empty_prompt")
         edited_len = bounds[0] if bounds else 0
         room = self.max_model_len - len(ids)
         if room < 1:
