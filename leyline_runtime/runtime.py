@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from leyline_sdk.diff import apply_directives
-from leyline_sdk.errors import CapacityExceeded, SessionExists, SessionNotFound
+from leyline_sdk.errors import SessionExists, SessionNotFound
 from leyline_sdk.protocol import (
     AppendResult,
     Directive,

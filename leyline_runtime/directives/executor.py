@@ -33,7 +33,7 @@ from leyline_runtime.auto_rule import DriftState
 from leyline_runtime.outcome_rule import applied_modes
 from leyline_runtime.engine.engine import Engine
 from leyline_runtime.engine.kv_cache import BlockTable
-from leyline_runtime.directives.batch_drift import recomputed_rows, walk_batch
+from leyline_runtime.directives.batch_drift import new_starts, recomputed_rows, walk_batch
 from leyline_runtime.directives.recompute import blocks_to_copy, recompute_rows
 from leyline_runtime.sessions.session import Session
 from leyline_runtime.text.tokenizer import ChatTokenizer
@@ -263,10 +263,7 @@ class DirectiveExecutor:
     def _outcomes(plan: Plan) -> list[DirectiveOutcome]:
         """Attribute every new position to the edit whose region (its start up to the next edit) holds it."""
         edits = plan.edits
-        new_start, shift = [], 0
-        for t in edits:
-            new_start.append(t.old_start + shift)
-            shift += t.delta
+        new_start = new_starts(edits)
         # the first edit's region starts at 0: the kept prefix before it is reused rows too
         bounds = [0, *new_start[1:], len(plan.tokens)] if edits else [len(plan.tokens)]
         positions = torch.arange(len(plan.tokens))
