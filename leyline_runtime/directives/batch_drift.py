@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from leyline_sdk.protocol import AutoDecision
 
 from leyline_runtime.auto_rule import DriftState, moved_position
+from leyline_runtime.outcome_rule import AFTER_FORGET
 
 if TYPE_CHECKING:  # the executor imports this module: its edits are only annotations here
     from leyline_runtime.directives.executor import TokenEdit
@@ -57,10 +58,10 @@ def walk_batch(drift: DriftState, edits: Sequence[TokenEdit], budget: float | No
     for t, s in zip(edits, starts):
         if forget_from is not None and s >= forget_from:
             if t.edit.mode == "auto":
-                t.auto = AutoDecision(choice="forget", reason=t.fallback_reason or "after_forget")
+                t.auto = AutoDecision(choice="forget", reason=t.fallback_reason or AFTER_FORGET)
                 t.fallback_reason = None
             elif t.applied_mode == "amortize":
-                t.fallback_reason = "after_forget"
+                t.fallback_reason = AFTER_FORGET
             t.applied_mode = "forget"
         elif t.edit.mode != "auto":
             state.amortized(s, 0.0)  # unmeasured: it only moves a repair's start
