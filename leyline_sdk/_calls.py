@@ -17,6 +17,7 @@ import uuid
 import httpx
 import pydantic
 
+from ._config import ClientConfig
 from ._response import json_object, model_parser, no_content
 from .errors import ValidationFailed
 from .protocol import (
@@ -56,6 +57,11 @@ class Call(Generic[T]):
     json: Any = None
     params: Mapping[str, str] | None = None
     headers: Mapping[str, str] | None = None
+
+    def request(self, http: httpx.Client | httpx.AsyncClient, config: ClientConfig) -> httpx.Request:
+        """This call as ``http``'s request, to ``config``'s server with its headers and timeout."""
+        return http.build_request(self.method, config.base_url + self.path, json=self.json, params=self.params,
+                                  headers=config.request_headers(self.headers), timeout=config.timeout)
 
 
 def create_session(

@@ -9,14 +9,10 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
 
 import httpx
 
 from .version import __version__
-
-if TYPE_CHECKING:
-    from ._calls import Call
 
 BASE_URL_ENV = "LEYLINE_BASE_URL"
 API_KEY_ENV = "LEYLINE_API_KEY"
@@ -71,12 +67,3 @@ class ClientConfig:
         headers.update(call_headers or {})
         return headers
 
-    def build_request(self, http: httpx.Client | httpx.AsyncClient, call: Call[Any]) -> httpx.Request:
-        return http.build_request(
-            call.method,
-            self.base_url + call.path,
-            json=call.json,
-            params=call.params,
-            headers=self.request_headers(call.headers),
-            timeout=self.timeout,
-        )

@@ -143,7 +143,7 @@ class LeylineClient(_ClientSettings):
         before the first event raises from the loop as :meth:`generate` raises it. Use it in a
         ``with`` block (or ``close()`` it) to drop the connection before the end."""
         call = _calls.generate_stream(session_id, messages, expected_version, sampling)
-        request = self._config.build_request(self._http, call)
+        request = call.request(self._http, self._config)
         return Stream(lambda: self._retry.send(self._http, request, stream=True), self._config.base_url)
 
     # directives
@@ -178,7 +178,7 @@ class LeylineClient(_ClientSettings):
     # plumbing
 
     def _send(self, call: Call[T]) -> T:
-        return call.parse(self._retry.send(self._http, self._config.build_request(self._http, call)))
+        return call.parse(self._retry.send(self._http, call.request(self._http, self._config)))
 
     def close(self) -> None:
         if self._owns_http:
@@ -269,7 +269,7 @@ class AsyncLeylineClient(_ClientSettings):
     ) -> AsyncStream:
         """:meth:`LeylineClient.generate_stream`, async."""
         call = _calls.generate_stream(session_id, messages, expected_version, sampling)
-        request = self._config.build_request(self._http, call)
+        request = call.request(self._http, self._config)
         return AsyncStream(lambda: self._retry.asend(self._http, request, stream=True), self._config.base_url)
 
     # directives
@@ -304,7 +304,7 @@ class AsyncLeylineClient(_ClientSettings):
     # plumbing
 
     async def _send(self, call: Call[T]) -> T:
-        return call.parse(await self._retry.asend(self._http, self._config.build_request(self._http, call)))
+        return call.parse(await self._retry.asend(self._http, call.request(self._http, self._config)))
 
     async def close(self) -> None:
         if self._owns_http:

@@ -13,7 +13,7 @@ Two vLLM plugins ship here:
 
 How to enable both: ``docs/vllm.md``. Imports leyline_sdk and leyline_kernels, and of
 leyline_runtime only its torch-free parts (``api``: the session routes and the chat turn they
-share with the bundled runtime; ``auto_rule``), as docs/design.md's import table allows.
+share with the bundled runtime; ``auto_rule`` and ``outcome_rule``), as docs/design.md's import table allows.
 """
 
 from __future__ import annotations

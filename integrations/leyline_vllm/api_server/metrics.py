@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from leyline_sdk.protocol import SessionCounters
 
-from ..kv.holds import RELEASE_REASONS
+from ..kv.wire import RELEASE_REASONS
 
 # The reasons a rebuild may be counted under (the SDK's X-Leyline-Rebuild values and the bound chat's
 # own); anything else a client sends is counted as "other", so a client cannot grow the label set.

@@ -35,7 +35,6 @@ from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-RELEASE_REASONS = ("dropped", "ttl", "pressure", "budget")
 _FORGOTTEN = 4096  # released keys remembered (for the fallback reason), oldest forgotten first
 
 

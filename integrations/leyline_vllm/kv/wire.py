@@ -14,6 +14,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+# why a held session's rows were released (the scheduler side counts them, /metrics names each)
+RELEASE_REASONS = ("dropped", "ttl", "pressure", "budget")
+
 PARAMS_KEY = "leyline"
 
 
