@@ -14,7 +14,7 @@ from leyline_sdk.version import __version__
 
 from ..metrics import ServiceMetrics
 from ..runtime import Runtime, RuntimeConfig
-from . import routes_openai, routes_sessions, routes_system
+from . import routes_messages, routes_openai, routes_sessions, routes_system
 from .auth import ADMIN_KEYS_ENV, Authenticator, keys_from_env
 from .chat import ChatService
 from .durability import restore_sessions, save_sessions
@@ -70,7 +70,7 @@ def create_app(config: RuntimeConfig | None = None, *, runtime: Runtime | None =
     app.state.limits = limits = limits or Limits()
     app.add_middleware(BodyGuard, limits=limits)
     install_error_handlers(app)
-    for module in (routes_sessions, routes_openai, routes_system):
+    for module in (routes_sessions, routes_openai, routes_messages, routes_system):
         app.include_router(module.router)
     install_openapi(app)
     return app

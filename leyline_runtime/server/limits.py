@@ -26,6 +26,7 @@ from leyline_sdk.protocol import Message
 from leyline_runtime.config import Limits
 from leyline_runtime.text.tokenizer import ChatTokenizer
 from ..api.errors import error_response
+from ..api.messages_errors import anthropic_error_body
 from ..api.openai_errors import OpenAIError, error_body
 
 def message_bytes(message: Message) -> int:
@@ -135,10 +136,14 @@ class _Refusal:
     message: str
 
     def response(self, scope: Scope) -> JSONResponse:
-        """The error in the shape of the route family asked (OpenAI's on ``/v1``), closing the connection
+        """The error in the shape of the route family asked (Anthropic's on ``/v1/messages``, OpenAI's elsewhere on ``/v1``), closing the connection
         (the rest of the body is not read)."""
         headers = {"Connection": "close"}
-        if str(scope.get("path", "")).startswith("/v1/"):
+        path = str(scope.get("path", ""))
+        if path.startswith("/v1/messages"):
+            status, body = anthropic_error_body(OpenAIError(self.message, code=self.code, status=self.status))
+            return JSONResponse(body, status_code=status, headers=headers)
+        if path.startswith("/v1/"):
             status, body = error_body(OpenAIError(self.message, code=self.code, status=self.status))
             return JSONResponse(body, status_code=status, headers=headers)
         return error_response(self.status, self.code, self.message, headers=headers)

@@ -47,9 +47,11 @@ class GenerationCancelled(Exception):
 
 
 class StreamShape(Protocol[R]):
-    """How one kind of stream writes its events (``terminator``: a last ``data:`` line, if any)."""
+    """How one kind of stream writes its events (``terminator``: a last ``data:`` line, if any;
+    ``named_events``: each event also carries an ``event:`` line, its body's ``type``)."""
 
     terminator: str | None
+    named_events: bool
 
     def opening(self) -> list[dict[str, Any]]: ...
     def delta(self, text: str) -> dict[str, Any]: ...
@@ -57,9 +59,13 @@ class StreamShape(Protocol[R]):
     def error(self, exc: Exception) -> dict[str, Any]: ...
 
 
-def sse(body: dict[str, Any] | str) -> str:
+def sse(body: dict[str, Any] | str, event: str | None = None) -> str:
     data = body if isinstance(body, str) else json.dumps(body, ensure_ascii=False)
-    return f"data: {data}\n\n"
+    return f"event: {event}\ndata: {data}\n\n" if event else f"data: {data}\n\n"
+
+
+def _frame(shape: StreamShape[Any], body: dict[str, Any]) -> str:
+    return sse(body, body["type"] if shape.named_events else None)
 
 
 async def stream_tokens(run: Callable[[OnToken], R], decoder: DeltaDecoder, shape: StreamShape[R],
@@ -98,17 +104,17 @@ async def _events(first: Item, queue: asyncio.Queue[Item], task: asyncio.Task, c
     # ``task`` is only held here: the loop keeps weak references to tasks.
     try:
         for body in shape.opening():
-            yield sse(body)
+            yield _frame(shape, body)
         item = first
         while item[0] == "delta":
             if item[1]:
-                yield sse(shape.delta(item[1]))
+                yield _frame(shape, shape.delta(item[1]))
             item = await queue.get()
         if item[0] == "error":
-            yield sse(shape.error(item[1]))
+            yield _frame(shape, shape.error(item[1]))
         else:
             for body in shape.closing(item[1], decoder.finish(final_content(item[1]))):
-                yield sse(body)
+                yield _frame(shape, body)
         if shape.terminator is not None:
             yield sse(shape.terminator)
     finally:
@@ -122,6 +128,7 @@ class ChatShape:
     """OpenAI's ``chat.completion.chunk`` events, then ``[DONE]``."""
 
     terminator = "[DONE]"
+    named_events = False
 
     def __init__(self, ids: CompletionIds, include_usage: bool):
         self.ids, self.include_usage = ids, include_usage
@@ -153,6 +160,7 @@ class GenerateShape:
     final message's content."""
 
     terminator = None
+    named_events = False
 
     def opening(self) -> list[dict[str, Any]]:
         return []

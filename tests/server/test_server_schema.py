@@ -32,7 +32,8 @@ def tiny_runtime() -> Runtime:
 OPERATIONS = [("/sessions", "POST"), ("/sessions", "GET"), ("/sessions/{session_id}", "GET"),
               ("/sessions/{session_id}", "DELETE"), ("/sessions/{session_id}/messages", "POST"),
               ("/sessions/{session_id}/generate", "POST"), ("/directives", "POST"),
-              ("/v1/chat/completions", "POST"), ("/v1/models", "GET"), ("/healthz", "GET"), ("/metrics", "GET")]
+              ("/v1/chat/completions", "POST"), ("/v1/models", "GET"), ("/v1/messages", "POST"),
+              ("/v1/messages/count_tokens", "POST"), ("/healthz", "GET"), ("/metrics", "GET")]
 
 
 # Small limits, so that generated requests also run into them (413 request_too_large).
@@ -93,6 +94,10 @@ def test_no_input_produces_a_server_error(api_schema, runtime, path, method, mod
         assert response.status_code < 500, (case.method, case.path, case.body, response.text[:500])
         if response.status_code >= 400:
             body = response.json()
+            if path.startswith("/v1/messages"):  # Anthropic's error shape
+                assert set(body) == {"type", "error"} and set(body["error"]) == {"type", "message"}, body
+                assert body["error"]["message"], body
+                return
             # OpenAI's error shape on /v1, the native one (with a documented code) elsewhere
             fields = {"message", "type", "param", "code"} if path.startswith("/v1/") else {"code", "message"}
             assert set(body) == {"error"} and set(body["error"]) == fields, body

@@ -1,0 +1,262 @@
+"""Anthropic's Messages request (``POST /v1/messages``, ``/v1/messages/count_tokens``), and its
+translation into the chat request every engine already serves.
+
+The Messages API is not a second chat turn: :func:`chat_request` rewrites a request into a
+:class:`~leyline_runtime.api.chat_request.ChatCompletionRequest` and the chat turn runs it, so the
+session binding, the directives, the constrained decoding and ``context_management`` are the chat
+route's own. The translation:
+
+* ``system`` (a string or text blocks) is the first message, with the role ``system``;
+* a ``text`` block is text; a message's text blocks are joined by a newline;
+* a ``tool_use`` block is a tool call whose arguments are ``json.dumps(input)``;
+* a ``tool_result`` block is a ``tool`` message answering its ``tool_use_id``, before the user's
+  own text; with ``is_error`` its text starts with :data:`TOOL_ERROR_PREFIX` (the prompt has no
+  other way to tell the model);
+* ``thinking`` and ``redacted_thinking`` blocks are dropped: the chat template has no place for
+  them, as Anthropic's own API drops earlier turns' thinking from the context;
+* ``tools`` become function tools (``input_schema`` as their parameters), and ``tool_choice``
+  ``auto``/``any``/``tool``/``none`` becomes ``auto``/``required``/a named tool/``none``, decoded
+  under the same grammar; ``disable_parallel_tool_use`` is ``parallel_tool_calls: false``;
+* ``stop_sequences``, ``temperature``, ``top_p``, ``top_k`` and ``max_tokens`` keep their meaning;
+* ``cache_control``, ``metadata``, ``service_tier`` and ``citations`` are accepted and change nothing
+  (Leyline's cache follows the session, not a marker);
+* ``context_management``'s ``clear_tool_uses_20250919`` is the chat route's edit;
+  ``clear_thinking_20251015`` is met by construction (no thinking block reaches the prompt) and is
+  never reported as applied.
+
+Any other field or block type is a 400 naming it.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Literal
+
+from pydantic import ConfigDict, Field, StrictBool, model_validator
+
+from leyline_sdk.json_numbers import JsonModel
+from leyline_sdk.protocol import MAX_ID_LENGTH, FunctionCall, Message, ToolCall
+
+from .chat_request import (
+    MAX_NEW_TOKENS,
+    MAX_STOP_STRINGS,
+    ChatCompletionRequest,
+    ClearToolUses,
+    ContextManagement,
+)
+
+TOOL_ERROR_PREFIX = "Error: "  # a tool_result with is_error: true
+TOOL_NAME_PATTERN = r"^[a-zA-Z0-9_-]{1,128}$"  # Anthropic's rule for a tool's name
+
+
+class _Block(JsonModel):
+    model_config = ConfigDict(extra="forbid")
+
+    cache_control: dict[str, Any] | None = Field(default=None, description="Accepted; not used")
+
+
+class TextBlock(_Block):
+    type: Literal["text"]
+    text: str
+    citations: list[dict[str, Any]] | None = Field(default=None, description="Accepted; not used")
+
+
+class ThinkingBlock(_Block):
+    type: Literal["thinking"]
+    thinking: str
+    signature: str | None = None
+
+
+class RedactedThinkingBlock(_Block):
+    type: Literal["redacted_thinking"]
+    data: str
+
+
+class ToolUseBlock(_Block):
+    type: Literal["tool_use"]
+    id: str = Field(min_length=1, max_length=MAX_ID_LENGTH)
+    name: str = Field(pattern=TOOL_NAME_PATTERN)
+    input: dict[str, Any]
+
+
+class ToolResultBlock(_Block):
+    type: Literal["tool_result"]
+    tool_use_id: str = Field(min_length=1, max_length=MAX_ID_LENGTH)
+    content: str | list[TextBlock] = ""
+    is_error: StrictBool = False
+
+
+ContentBlock = Annotated[TextBlock | ThinkingBlock | RedactedThinkingBlock | ToolUseBlock | ToolResultBlock,
+                         Field(discriminator="type")]
+
+
+class MessageParam(JsonModel):
+    model_config = ConfigDict(extra="forbid")
+
+    role: Literal["user", "assistant"]
+    content: str | Annotated[list[ContentBlock], Field(min_length=1)]
+
+    @model_validator(mode="after")
+    def _blocks_fit_the_role(self) -> MessageParam:
+        misplaced = "tool_result" if self.role == "assistant" else "tool_use"
+        if not isinstance(self.content, str) and any(b.type == misplaced for b in self.content):
+            raise ValueError(f"a {misplaced} block cannot be in a {self.role} message")
+        return self
+
+
+class ToolParam(JsonModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=TOOL_NAME_PATTERN)
+    description: str | None = None
+    input_schema: dict[str, Any]
+    type: Literal["custom"] | None = None
+    cache_control: dict[str, Any] | None = Field(default=None, description="Accepted; not used")
+
+
+class ToolChoiceAuto(JsonModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["auto"]
+    disable_parallel_tool_use: StrictBool = False
+
+
+class ToolChoiceAny(JsonModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["any"]
+    disable_parallel_tool_use: StrictBool = False
+
+
+class ToolChoiceTool(JsonModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["tool"]
+    name: str = Field(pattern=TOOL_NAME_PATTERN)
+    disable_parallel_tool_use: StrictBool = False
+
+
+class ToolChoiceNone(JsonModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["none"]
+
+
+ToolChoiceParam = Annotated[ToolChoiceAuto | ToolChoiceAny | ToolChoiceTool | ToolChoiceNone,
+                            Field(discriminator="type")]
+
+
+class ClearThinking(JsonModel):
+    """Anthropic's ``clear_thinking_20251015``: met by construction here (no thinking reaches the prompt)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["clear_thinking_20251015"]
+    keep: dict[str, Any] | Literal["all"] | None = None
+
+
+class MessagesContextManagement(JsonModel):
+    model_config = ConfigDict(extra="forbid")
+
+    edits: list[Annotated[ClearToolUses | ClearThinking, Field(discriminator="type")]] = Field(max_length=8)
+
+
+class Metadata(JsonModel):
+    model_config = ConfigDict(extra="forbid")
+
+    user_id: str | None = Field(default=None, max_length=256, description="Accepted; not used")
+
+
+class MessagesPrompt(JsonModel):
+    """What a prompt is made of: the body of ``/v1/messages/count_tokens``, and the core of ``/v1/messages``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field(min_length=1, max_length=256)
+    messages: list[MessageParam] = Field(min_length=1)
+    system: str | list[TextBlock] | None = None
+    tools: list[ToolParam] | None = Field(default=None, max_length=128)
+    tool_choice: ToolChoiceParam | None = None
+    context_management: MessagesContextManagement | None = None
+
+    @model_validator(mode="after")
+    def _tool_choice_has_tools(self) -> MessagesPrompt:
+        names = [t.name for t in self.tools or []]
+        if len(set(names)) != len(names):
+            raise ValueError("tools: two tools share a name")
+        choice = self.tool_choice
+        if isinstance(choice, ToolChoiceTool) and choice.name not in names:
+            raise ValueError(f"tool_choice names {choice.name!r}, which is not in tools")
+        if isinstance(choice, ToolChoiceAny) and not names:
+            raise ValueError("tool_choice 'any' needs tools")
+        return self
+
+
+class MessagesRequest(MessagesPrompt):
+    max_tokens: int = Field(ge=1, le=MAX_NEW_TOKENS)
+    stop_sequences: list[str] | None = Field(default=None, max_length=MAX_STOP_STRINGS)
+    stream: StrictBool = False
+    temperature: float | None = Field(default=None, ge=0.0, le=1.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    top_k: int | None = Field(default=None, ge=0)
+    metadata: Metadata | None = None
+    service_tier: Literal["auto", "standard_only"] | None = Field(default=None, description="Accepted; not used")
+    cache_control: dict[str, Any] | None = Field(default=None, description="Accepted; not used")
+
+
+def chat_request(body: MessagesPrompt) -> ChatCompletionRequest:
+    """``body`` as the chat request the chat turn runs (see the module docstring)."""
+    fields: dict[str, Any] = {
+        "model": body.model,
+        "messages": _system(body.system) + [m for message in body.messages for m in _chat_messages(message)],
+    }
+    if body.tools:
+        fields["tools"] = [{"type": "function", "function": {
+            "name": t.name, "parameters": t.input_schema,
+            **({"description": t.description} if t.description is not None else {})}} for t in body.tools]
+    choice = body.tool_choice
+    if choice is not None:
+        fields["tool_choice"] = ({"type": "function", "function": {"name": choice.name}}
+                                 if isinstance(choice, ToolChoiceTool) else
+                                 {"auto": "auto", "any": "required", "none": "none"}[choice.type])
+        if not isinstance(choice, ToolChoiceNone) and choice.disable_parallel_tool_use:
+            fields["parallel_tool_calls"] = False
+    edits = [e for e in body.context_management.edits if isinstance(e, ClearToolUses)] \
+        if body.context_management else []
+    if edits:
+        fields["context_management"] = ContextManagement(edits=edits)
+    if isinstance(body, MessagesRequest):
+        fields.update(max_tokens=body.max_tokens, stream=body.stream, temperature=body.temperature,
+                      top_p=body.top_p, top_k=body.top_k, stop=[s for s in body.stop_sequences or [] if s] or None)
+    return ChatCompletionRequest.model_validate(fields)
+
+
+def _text(blocks: list[TextBlock]) -> str:
+    return "\n".join(b.text for b in blocks)
+
+
+def _system(system: str | list[TextBlock] | None) -> list[Message]:
+    if system is None:
+        return []
+    return [Message(role="system", content=system if isinstance(system, str) else _text(system))]
+
+
+def _chat_messages(message: MessageParam) -> list[Message]:
+    if isinstance(message.content, str):
+        return [Message(role=message.role, content=message.content)]
+    if message.role == "assistant":
+        texts = [b for b in message.content if isinstance(b, TextBlock)]
+        calls = [ToolCall(id=b.id, function=FunctionCall(name=b.name, arguments=json.dumps(b.input)))
+                 for b in message.content if isinstance(b, ToolUseBlock)]
+        return [Message(role="assistant", content=_text(texts), tool_calls=calls or None)]
+    out: list[Message] = []
+    texts = []
+    for block in message.content:
+        if isinstance(block, ToolResultBlock):
+            if texts:  # text before a result stays before it
+                out.append(Message(role="user", content=_text(texts)))
+                texts = []
+            result = block.content if isinstance(block.content, str) else _text(block.content)
+            out.append(Message(role="tool", tool_call_id=block.tool_use_id,
+                               content=TOOL_ERROR_PREFIX + result if block.is_error else result))
+        elif isinstance(block, TextBlock):
+            texts.append(block)
+    if texts or not out:
+        out.append(Message(role="user", content=_text(texts)))
+    return out
