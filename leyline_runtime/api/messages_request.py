@@ -32,7 +32,7 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal
 
-from pydantic import ConfigDict, Field, StrictBool, model_validator
+from pydantic import ConfigDict, Field, StrictBool, field_validator, model_validator
 
 from leyline_sdk.json_numbers import JsonModel
 from leyline_sdk.protocol import MAX_ID_LENGTH, FunctionCall, Message, ToolCall
@@ -86,6 +86,7 @@ class ToolResultBlock(_Block):
     is_error: StrictBool = False
 
 
+BLOCK_TYPES = ("text", "thinking", "redacted_thinking", "tool_use", "tool_result")
 ContentBlock = Annotated[TextBlock | ThinkingBlock | RedactedThinkingBlock | ToolUseBlock | ToolResultBlock,
                          Field(discriminator="type")]
 
@@ -95,6 +96,17 @@ class MessageParam(JsonModel):
 
     role: Literal["user", "assistant"]
     content: str | Annotated[list[ContentBlock], Field(min_length=1)]
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _known_blocks(cls, value: Any) -> Any:
+        # named here: the union's own error would only say the content is not a string
+        for block in value if isinstance(value, list) else []:
+            kind = block.get("type") if isinstance(block, dict) else None
+            if kind not in BLOCK_TYPES:
+                raise ValueError(f"a content block of type {kind!r} is not supported here; "
+                                 f"the types are {', '.join(BLOCK_TYPES)}")
+        return value
 
     @model_validator(mode="after")
     def _blocks_fit_the_role(self) -> MessageParam:
@@ -154,7 +166,8 @@ class ClearThinking(JsonModel):
 class MessagesContextManagement(JsonModel):
     model_config = ConfigDict(extra="forbid")
 
-    edits: list[Annotated[ClearToolUses | ClearThinking, Field(discriminator="type")]] = Field(max_length=8)
+    # no discriminator: clear_tool_uses' type has a default, as on the chat route
+    edits: list[ClearToolUses | ClearThinking] = Field(max_length=8)
 
 
 class Metadata(JsonModel):

@@ -7,6 +7,8 @@ generator is told them here, so that a body it calls valid is one the rules allo
 * a span's ``end`` is at or after its ``start``;
 * a ``tool_choice`` that names a function names one of ``tools``, and ``required`` needs tools;
 * no two ``tools`` share a name;
+* on the Messages API: a ``tool_choice`` of type ``tool`` names one of ``tools``, ``any`` needs tools, and
+  ``tool_use`` blocks sit only in assistant messages, ``tool_result`` blocks only in user ones;
 * ``min_tokens`` is at most the reply's token cap (``max_completion_tokens``, ``max_tokens``, or the
   chat route's default when neither is sent).
 
@@ -27,6 +29,7 @@ from typing import Any
 import schemathesis
 
 from leyline_runtime.api.chat_request import DEFAULT_MAX_TOKENS
+from leyline_runtime.config import RuntimeConfig
 
 
 def _spans_ordered(body: dict) -> bool:
@@ -39,8 +42,34 @@ def _spans_ordered(body: dict) -> bool:
     return True
 
 
+def _tool_name(tool: Any) -> Any:
+    """A tool's name: OpenAI's ``function.name``, or Anthropic's ``name``."""
+    if not isinstance(tool, dict):
+        return None
+    return tool["function"].get("name") if isinstance(tool.get("function"), dict) else tool.get("name")
+
+
+def _anthropic_choice_among_tools(choice: dict, body: dict) -> bool:
+    names = [_tool_name(t) for t in body.get("tools") or []]
+    if choice.get("type") == "any":
+        return bool(names)
+    return choice.get("type") != "tool" or choice.get("name") in names
+
+
+def _blocks_fit_roles(body: dict) -> bool:
+    """Anthropic's messages: ``tool_use`` blocks only in assistant messages, ``tool_result`` only in user ones."""
+    for message in body.get("messages") or []:
+        if isinstance(message, dict) and isinstance(message.get("content"), list):
+            misplaced = "tool_result" if message.get("role") == "assistant" else "tool_use"
+            if any(isinstance(b, dict) and b.get("type") == misplaced for b in message["content"]):
+                return False
+    return True
+
+
 def _choice_among_tools(body: dict) -> bool:
     choice = body.get("tool_choice")
+    if isinstance(choice, dict) and "function" not in choice:
+        return _anthropic_choice_among_tools(choice, body)
     if choice == "required":  # a tool call is required: there must be tools to call
         return bool(body.get("tools"))
     if not isinstance(choice, dict):
@@ -54,8 +83,7 @@ def _choice_among_tools(body: dict) -> bool:
 
 
 def _tool_names_unique(body: dict) -> bool:
-    names = [t["function"].get("name") for t in body.get("tools") or []
-             if isinstance(t, dict) and isinstance(t.get("function"), dict)]
+    names = [_tool_name(t) for t in body.get("tools") or [] if isinstance(t, dict)]
     return len(names) == len(set(map(str, names)))
 
 
@@ -76,10 +104,22 @@ def _bias_inside_any_vocabulary(body: dict) -> bool:
 
 
 @schemathesis.hook
+def map_body(context: Any, body: Any) -> Any:
+    """On the Messages API ``model`` is required, and any other than the served one is a 404: the generator's
+    model names become the served model's, so its bodies reach the route (a name the schema forbids stays)."""
+    operation = getattr(context, "operation", None)
+    model = body.get("model") if isinstance(body, dict) else None
+    if operation is not None and operation.path.startswith("/v1/messages") and isinstance(model, str) \
+            and 1 <= len(model) <= 256:
+        return {**body, "model": RuntimeConfig().model_name}
+    return body
+
+
+@schemathesis.hook
 def filter_case(context: Any, case: Any) -> bool:
     """A case-level filter: it also applies to the stateful phase's requests."""
     body = case.body
     if not isinstance(body, dict):
         return True
     return (_spans_ordered(body) and _choice_among_tools(body) and _tool_names_unique(body)
-            and _min_within_max(body) and _bias_inside_any_vocabulary(body))
+            and _min_within_max(body) and _bias_inside_any_vocabulary(body) and _blocks_fit_roles(body))

@@ -12,7 +12,7 @@ import asyncio
 import anthropic
 import httpx
 import pytest
-from served_runtime import API_KEY, server  # noqa: F401 - server is a fixture
+from served_runtime import ADMIN_KEY, API_KEY, server  # noqa: F401 - server is a fixture
 
 from leyline_sdk.protocol import SESSION_HEADER
 
@@ -134,6 +134,19 @@ def test_context_management_clears_old_tool_results_as_directives_on_the_session
         "cleared_input_tokens"]
 
 
+def test_another_key_never_continues_a_session_it_does_not_own(server, client):  # noqa: F811
+    url, _ = server
+    bound = {"extra_headers": {SESSION_HEADER: "anthropic-owned"}}
+    first = create(client, **bound)
+    history = [*HELLO, {"role": "assistant", "content": first.content[0].text}, {"role": "user", "content": "more"}]
+    other = anthropic.Anthropic(base_url=url, api_key=ADMIN_KEY, max_retries=0)  # a tenant of its own
+    report = create(other, messages=history, **bound).model_extra["leyline"]
+    # the other key's tenant holds no such session: built from its own history, nothing reused
+    assert report["built"] and report["rebuild_reason"] == "unknown_session"
+    owner = create(client, messages=history, **bound)
+    assert not owner.model_extra["leyline"]["built"] and owner.usage.cache_read_input_tokens > 0
+
+
 def test_errors_arrive_as_the_sdks_exceptions(server, client):  # noqa: F811
     url, _ = server
     with pytest.raises(anthropic.AuthenticationError) as err:
@@ -144,7 +157,7 @@ def test_errors_arrive_as_the_sdks_exceptions(server, client):  # noqa: F811
         client.messages.create(model="claude-nonexistent", max_tokens=4, messages=HELLO)
     assert err.value.body["error"]["type"] == "not_found_error" and "claude-nonexistent" in err.value.message
     bad = [({"temperature": 1.5}, "temperature"), ({"top_k": -1}, "top_k"), ({"thinking_budget": 3}, "thinking_budget"),
-           ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, "messages[0].content"),
+           ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, "'image'"),
            ({"tool_choice": {"type": "any"}}, "tool_choice")]
     for fields, param in bad:
         with pytest.raises(anthropic.BadRequestError) as err:
