@@ -72,6 +72,19 @@ def test_stream_deltas_add_up_to_the_final_message(client):
     assert prompt_tokens(final.usage) == prompt_tokens(whole.usage)
 
 
+def test_a_streamed_tool_use_arrives_as_input_json_deltas(client):
+    fields = {"model": MODEL, "max_tokens": 48, "messages": QUESTION, "tools": [CALCULATOR],
+              "tool_choice": {"type": "any"}, "extra_body": GREEDY}
+    with client.messages.stream(**fields) as stream:
+        kinds = [event.type for event in stream]
+        final = stream.get_final_message()
+    assert kinds[0] == "message_start" and kinds[-1] == "message_stop" and "input_json" in kinds
+    whole = client.messages.create(**fields)
+    assert final.stop_reason == whole.stop_reason == "tool_use"
+    assert [(b.type, b.name, b.input) for b in final.content if b.type == "tool_use"] == [
+        (b.type, b.name, b.input) for b in whole.content]
+
+
 def test_stop_sequences_end_the_reply_and_are_named(client):
     text = create(client, max_tokens=12).content[0].text
     stop = text[len(text) // 2:len(text) // 2 + 2]
