@@ -26,7 +26,8 @@ DESCRIPTION = """\
 Leyline: an inference runtime whose sessions can be *edited* through directives
 (span, replacement, mode) instead of re-prefilled. Native endpoints manage sessions
 and directive batches; `/v1/chat/completions` is OpenAI-compatible and, bound to a
-session, turns history edits into directives. Errors are `{"error": {"code", "message"}}`.
+session, turns history edits into directives; `/v1/messages` is Anthropic's Messages API onto the same
+turn. Errors are `{"error": {"code", "message"}}` (OpenAI's and Anthropic's shapes on their routes).
 Request limits, timeouts, tenants and durability: see docs/operations.md.
 """
 
