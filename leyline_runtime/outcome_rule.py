@@ -5,6 +5,10 @@ vLLM plugin (``leyline_vllm.api_server.edits``) each know what their cache did w
 edit; the rule that turns those facts into a directive's ``applied_mode`` and ``fallback_reason`` is
 this one, with these words (a reason is a word, or ``"<word>: <detail>"``):
 
+* an ``erase`` edit (``Directive.intent``) is planned and applied as ``forget`` with :data:`ERASE`, whatever
+  mode was asked (:func:`planned_mode`): the rows after it were computed while the removed content was
+  there and carry what the model noted of it, and no correction short of recomputing them from the
+  edit is yet measured to leave nothing of it answering; a ``shrink`` takes the mode asked;
 * a ``forget`` recomputes everything after its start: every later edit of the batch is ``forget``
   with :data:`AFTER_FORGET`; an edit *before* it keeps its mode (the rows between the two still move);
 * an edit with nothing of the old history after it moves no rows: it is applied as asked;
@@ -25,6 +29,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from leyline_sdk.protocol import AutoDecision
+
 AFTER_FORGET = "after_forget"  # an earlier directive of the batch already recomputes this part
 UNSUPPORTED_RUNTIME = "unsupported_runtime"  # this engine cannot rotate this model's cache (detail: why)
 SHORT_RUN = "short_run"  # the rows after the edit are too few to be worth rotating
@@ -33,11 +39,22 @@ AUTO_FORGET = "auto_forget"  # mode auto, deciding the batch's rotated run, chos
 DRIFT_REPAIR = "drift_repair"  # the session's drift passed its budget: recomputed from the earliest drift
 # an AutoDecision's reason where vLLM measured nothing for the edit (a batch with a forget, a failed load)
 NOT_MEASURED = "not_measured"
+ERASE = "erase"  # the edit erases content: what follows it is recomputed, never moved
 NO_SAVED_ROWS = "no_saved_rows"  # vLLM: the session holds no saved rows (its last save failed): nothing to move
 
 
 def reason(word: str, detail: str | None = None) -> str:
     return word if detail is None else f"{word}: {detail}"
+
+
+def planned_mode(mode: str, intent: str) -> str:
+    """The mode an edit is planned in: ``forget`` for an ``erase``, else the mode asked."""
+    return "forget" if intent == "erase" else mode
+
+
+def erased_auto(requested: str, fallback_reason: str | None) -> AutoDecision | None:
+    """An ``auto`` edit that erases: the choice made for it (forget, :data:`ERASE`); None otherwise."""
+    return AutoDecision(choice="forget", reason=ERASE) if requested == "auto" and fallback_reason == ERASE else None
 
 
 @dataclass(frozen=True)
@@ -46,13 +63,13 @@ class Applied:
     fallback_reason: str | None = None
 
 
-def applied_modes(requested: Sequence[str], *, moves_rows: Sequence[bool] | None = None,
-                  unsupported: str | None = None, recomputed: Mapping[int, str] | None = None,
-                  recomputed_all: str | None = None) -> list[Applied]:
+def applied_modes(requested: Sequence[str], *, intents: Sequence[str] | None = None,
+                  moves_rows: Sequence[bool] | None = None, unsupported: str | None = None,
+                  recomputed: Mapping[int, str] | None = None, recomputed_all: str | None = None) -> list[Applied]:
     """Per edit, in span order: what was applied and why not what was asked.
 
-    ``requested``: each edit's mode; ``moves_rows``: something of the old history follows the edit
-    (None: every edit); ``unsupported``: why this engine cannot rotate this model's cache (None: it
+    ``requested``: each edit's mode; ``intents``: each edit's intent (None: every one a shrink);
+    ``moves_rows``: something of the old history follows the edit (None: every edit); ``unsupported``: why this engine cannot rotate this model's cache (None: it
     can); ``recomputed``: edits (by index) whose following rows the engine recomputed, with the reason;
     ``recomputed_all``: why every row of the batch was recomputed (None: they were not)."""
     if recomputed_all is not None:
@@ -61,7 +78,10 @@ def applied_modes(requested: Sequence[str], *, moves_rows: Sequence[bool] | None
     out: list[Applied] = []
     forgotten = False  # an earlier edit recomputes everything after it
     for k, mode in enumerate(requested):
-        if mode == "forget":
+        if mode != "forget" and intents is not None and planned_mode(mode, intents[k]) == "forget":
+            out.append(Applied("forget", ERASE))
+            forgotten = True
+        elif mode == "forget":
             out.append(Applied("forget"))
             forgotten = True
         elif forgotten:

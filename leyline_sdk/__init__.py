@@ -47,6 +47,7 @@ from .policy import (
     ModePolicy,
     default_policy,
     auto_policy,
+    edit_intent,
     explain_edit,
     force_mode,
 )
@@ -157,6 +158,7 @@ __all__ = [
     "auto_policy",
     "default_policy",
     "diff_messages",
+    "edit_intent",
     "error_for",
     "explain_edit",
     "force_mode",

@@ -25,8 +25,8 @@ from typing import Any, cast
 
 from ._alignment import align
 from .errors import InvalidDirective, InvalidSpan, OverlappingSpans
-from .policy import EditContext, ModePolicy, force_mode
-from .protocol import Directive, Message, Mode, Span
+from .policy import EditContext, ModePolicy, edit_intent, force_mode
+from .protocol import Directive, Intent, Message, Mode, Span
 
 __all__ = ["apply_directives", "diff_messages", "split_append"]
 
@@ -38,13 +38,14 @@ def diff_messages(
     *,
     mode: Mode | None = None,
     policy: ModePolicy | None = None,
+    intent: Intent | None = None,
 ) -> list[Directive]:
     """The directives for the edits that turn ``old`` into ``new``.
 
     Messages appended after the last old message are not edits and are not
     returned; use :func:`split_append` when ``new`` may have grown.
     """
-    return split_append(old, new, mode=mode, policy=policy)[0]
+    return split_append(old, new, mode=mode, policy=policy, intent=intent)[0]
 
 
 def split_append(
@@ -53,12 +54,14 @@ def split_append(
     *,
     mode: Mode | None = None,
     policy: ModePolicy | None = None,
+    intent: Intent | None = None,
 ) -> tuple[list[Directive], list[Message]]:
     """``(directives, tail)`` with ``apply_directives(old, directives) + tail == new``.
 
     Directives address ``old`` (a batch, like a patch). Their mode comes from
     ``policy`` (called once per directive), or is ``mode`` for all of them,
-    ``"amortize"`` when neither is given.
+    ``"amortize"`` when neither is given. Their intent is ``intent`` for all of
+    them, or each edit's own (:func:`~leyline_sdk.policy.edit_intent`).
     """
     old_messages, new_messages = _as_messages(old), _as_messages(new)
     choose = _resolve_policy(mode, policy)
@@ -66,7 +69,7 @@ def split_append(
     hunks = _hunks(old_messages, new_messages, pairs)
     hunks, tail_start = _split_tail(hunks, len(old_messages), len(new_messages))
     hunks = _merge_insertions(hunks)
-    directives = [_directive(h, old_messages, new_messages, choose) for h in hunks]
+    directives = [_directive(h, old_messages, new_messages, choose, intent) for h in hunks]
     return directives, new_messages[tail_start:]
 
 
@@ -166,7 +169,7 @@ def _insertion_touches(first: _Hunk, second: _Hunk) -> bool:
 
 
 def _directive(
-    hunk: _Hunk, old: Sequence[Message], new: Sequence[Message], choose: ModePolicy
+    hunk: _Hunk, old: Sequence[Message], new: Sequence[Message], choose: ModePolicy, intent: Intent | None
 ) -> Directive:
     replacement = list(new[hunk.new_start : hunk.new_end])
     edit = EditContext(
@@ -179,6 +182,7 @@ def _directive(
         span=Span(start=hunk.old_start, end=hunk.old_end),
         replacement=replacement,
         mode=choose(edit),
+        intent=intent or edit_intent(edit),
     )
 
 

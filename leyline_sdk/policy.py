@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from .protocol import Message, Mode
+from .protocol import Intent, Message, Mode
 
 __all__ = [
     "EditContext",
@@ -25,6 +25,7 @@ __all__ = [
     "ModePolicy",
     "auto_policy",
     "default_policy",
+    "edit_intent",
     "explain_edit",
     "force_mode",
 ]
@@ -110,6 +111,24 @@ def explain_edit(edit: EditContext) -> tuple[Mode, EditReason]:
     return "amortize", "other"
 
 
+def edit_intent(edit: EditContext) -> Intent:
+    """The SDK's reading of an edit: ``erase`` where content is replaced by other content that must take
+    its place (a retracted answer or a user's message rewritten, changed instructions, a tool result
+    replaced by a corrected one: not a truncation of it, not a ``[placeholder]``); ``shrink`` for the
+    rest: messages dropped or inserted, several folded into fewer (a summary), a result cleared or
+    truncated. A guess from the text: a redaction that only shortens reads as a shrink, so say
+    ``intent="erase"`` yourself there (:func:`~leyline_sdk.diff.split_append`). The engines recompute
+    after an erase whatever the mode (``Directive.intent``)."""
+    if edit.kind != "replace" or len(edit.new_messages) < len(edit.old_messages):
+        return "shrink"
+    reason = explain_edit(edit)[1]
+    if reason in ("instruction_edit", "user_correction", "retraction"):
+        return "erase"
+    if reason == "tool_output_edit" and _corrected(edit.changed_old(), edit.added_new()):
+        return "erase"
+    return "shrink"
+
+
 def default_policy(edit: EditContext) -> Mode:
     """Amortize housekeeping, forget retractions, user corrections and instruction edits."""
     return explain_edit(edit)[0]
@@ -153,3 +172,18 @@ def _same_call(old: Message, new: Message) -> bool:
     if old.id is not None and old.id == new.id:
         return True
     return old.tool_call_id is not None and old.tool_call_id == new.tool_call_id
+
+
+def _corrected(old_tools: Sequence[Message], new_messages: Sequence[Message]) -> bool:
+    """Some result was replaced by other content of the same call: neither a truncation nor a placeholder."""
+    return any(_same_call(old, new) and not _shortened(old.content or "", new.content or "")
+               for old in old_tools for new in new_messages if new.role == "tool")
+
+
+def _shortened(old: str, new: str) -> bool:
+    """``new`` only shortens ``old``: a ``[placeholder]``, or a cut of it (a marker after the cut allowed)."""
+    text = new.strip()
+    if text.startswith("[") and text.endswith("]"):
+        return True
+    kept = text.rstrip(" .…[]()").split("\n")[0][:40]
+    return bool(kept) and len(text) <= len(old) and old.startswith(kept)

@@ -19,6 +19,9 @@ Role = Literal["system", "user", "assistant", "tool"]
 # "auto": the runtime chooses amortize, amortize + tail repair, or forget from a measured
 # drift signal (see DirectiveOutcome.auto).
 Mode = Literal["amortize", "forget", "auto"]
+# shrink: content the agent no longer needs (cleared, truncated, summarised); erase: content that must stop
+# influencing the model (a result replaced by a corrected one, a retracted answer, a secret)
+Intent = Literal["shrink", "erase"]
 AppliedMode = Literal["amortize", "forget"]
 AutoChoice = Literal["amortize", "repair", "forget"]
 SpanUnit = Literal["message", "token"]
@@ -161,6 +164,10 @@ class Directive(JsonModel):
     span: Span
     replacement: list[Message] | Text | list[int] = Field(default_factory=list)
     mode: Mode = "amortize"
+    intent: Intent = Field("shrink", description=(
+        "`shrink`: content the agent no longer needs (cleared, truncated, summarised), applied in `mode`. "
+        "`erase`: content that must stop influencing the model (a corrected result, a retracted answer, a "
+        "secret): what follows the span is recomputed, whatever `mode` asks (`fallback_reason` `erase`)."))
 
     @model_validator(mode="after")
     def _replacement_kind(self) -> "Directive":
@@ -215,6 +222,7 @@ class AutoDecision(BaseModel):
 
 class DirectiveOutcome(BaseModel):
     requested_mode: Mode
+    intent: Intent = "shrink"  # the directive's own
     applied_mode: AppliedMode
     fallback_reason: str | None = None
     # Token span in the session as it was before the batch, after token-level

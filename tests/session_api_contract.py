@@ -121,6 +121,33 @@ def outcomes_name_what_each_edit_was_applied_as(c: Client) -> None:
         assert outcomes(r.json()) == want, r.json()
 
 
+def erase_edits_are_recomputed_whatever_their_mode(c: Client) -> None:
+    """``intent: "erase"`` (content that must stop influencing the model): the rows after it are recomputed,
+    whatever mode was asked, reason ``erase``; an edit after it is recomputed with it (``after_forget``); one
+    before it keeps its mode; the intent is echoed, a shrink's too (the default)."""
+    old = [{"role": "system", "content": "You are terse."}, user("question 0"),
+           {"role": "assistant", "content": long_note(1)}, user(long_note(2)),
+           {"role": "assistant", "content": "answer 3"}, user("question 4")]
+    edits = [{"span": {"start": 1, "end": 2}, "replacement": [user("question zero")]},
+             {"span": {"start": 4, "end": 5}, "replacement": [{"role": "assistant", "content": "a3"}]}]
+    for modes, intents, want in [
+            (("amortize", "amortize"), ("erase", None), [("forget", "erase"), ("forget", "after_forget")]),
+            (("amortize", "auto"), ("shrink", "erase"), [("amortize", None), ("forget", "erase")])]:
+        sid = new_session(c, old)["session_id"]
+        directives = [{**d, "mode": mode, **({"intent": intent} if intent else {})}
+                      for d, mode, intent in zip(edits, modes, intents)]
+        r = c.post("/directives", json={"session_id": sid, "directives": directives})
+        assert r.status_code == 200, r.text
+        got = r.json()["outcomes"]
+        assert [o["requested_mode"] for o in got] == list(modes), got
+        assert [o["intent"] for o in got] == [i or "shrink" for i in intents], got
+        assert outcomes(r.json()) == want, got
+        if modes[1] == "auto":  # the choice made for it, in the words of the rule
+            assert got[1]["auto"]["choice"] == "forget" and got[1]["auto"]["reason"] == "erase", got
+    bad = c.post("/directives", json={"session_id": sid, "directives": [{**edits[0], "intent": "hide"}]})
+    assert_error(bad, 422, "validation_error")
+
+
 def unknown_session_is_404_everywhere(c: Client) -> None:
     assert_error(c.get("/sessions/nope"), 404, "session_not_found")
     assert_error(c.delete("/sessions/nope"), 404, "session_not_found")
@@ -404,7 +431,7 @@ def a_bound_chat_honours_or_refuses_each_optional_field(c: Client) -> None:
 
 CONTRACT: list[Callable[[Client], None]] = [
     lifecycle, a_directive_batch_edits_messages, outcomes_name_what_each_edit_was_applied_as,
-    unknown_session_is_404_everywhere,
+    erase_edits_are_recomputed_whatever_their_mode, unknown_session_is_404_everywhere,
     version_conflict_changes_nothing, bad_spans_change_nothing, invalid_bodies_are_422_and_unparseable_ones_400,
     a_bound_chat_builds_then_edits_its_session, a_bound_chat_names_why_it_rebuilt, a_bound_chat_validates_its_fields,
     a_bound_chat_honours_its_sampling_fields, a_bound_chat_honours_or_refuses_each_optional_field,

@@ -30,7 +30,7 @@ from leyline_sdk.protocol import AutoDecision, Directive, DirectiveOutcome, Mess
 
 from leyline_runtime.text import chat_template as tpl
 from leyline_runtime.auto_rule import DriftState
-from leyline_runtime.outcome_rule import applied_modes
+from leyline_runtime.outcome_rule import applied_modes, erased_auto, planned_mode
 from leyline_runtime.engine.engine import Engine
 from leyline_runtime.engine.kv_cache import BlockTable
 from leyline_runtime.directives.batch_drift import new_starts, recomputed_rows, walk_batch
@@ -50,7 +50,9 @@ class MessageEdit:
     end: int
     messages: list[Message]
     tokens: list[list[int]]
-    mode: str
+    mode: str  # the mode it is planned in (an erase: forget; outcome_rule.planned_mode)
+    requested_mode: str = "amortize"
+    intent: str = "shrink"
 
 
 @dataclass
@@ -121,6 +123,10 @@ def common_ends(old: list[int], new: list[int]) -> tuple[int, int]:
     return p, s
 
 
+def _strongest(modes: set[str]) -> str:
+    return next(m for m in ("forget", "auto", "amortize") if m in modes)
+
+
 class DirectiveExecutor:
     def __init__(self, engine: Engine, tokenizer: ChatTokenizer, kernel: Callable = kernels.rotate_and_splice,
                  commit_lock=None):
@@ -147,8 +153,8 @@ class DirectiveExecutor:
                     raise InvalidSpan(f"directive {i}: message span [{d.span.start}, {d.span.end}) "
                                       f"exceeds the session's {n} messages")
                 msgs = list(d.replacement)
-                edits.append(MessageEdit(i, d.span.start, d.span.end, msgs,
-                                         self.tokenizer.encode_messages(msgs), d.mode))
+                edits.append(MessageEdit(i, d.span.start, d.span.end, msgs, self.tokenizer.encode_messages(msgs),
+                                         planned_mode(d.mode, d.intent), d.mode, d.intent))
             else:
                 msg = self._message_of_token_span(session, i, d)
                 token_directives.setdefault(msg, []).append((i, d))
@@ -196,9 +202,11 @@ class DirectiveExecutor:
         pieces.append(self.tokenizer.decode(content_ids[cursor:]))
         old = session.messages[m]
         new = old.model_copy(update={"content": "".join(pieces)})
-        modes = {d.mode for _, d in items}
-        mode = next(m for m in ("forget", "auto", "amortize") if m in modes)
-        return MessageEdit(items[0][0], m, m + 1, [new], [self.tokenizer.encode_message(new)], mode)
+        # one edit of the message's content: the strongest of its directives' modes, an erase if any erases
+        requested = _strongest({d.mode for _, d in items})
+        intent = "erase" if any(d.intent == "erase" for _, d in items) else "shrink"
+        return MessageEdit(items[0][0], m, m + 1, [new], [self.tokenizer.encode_message(new)],
+                           planned_mode(requested, intent), requested, intent)
 
     def _token_text(self, i: int, ids: list[int]) -> str:
         """Token-unit replacement ids as content text; ids outside the vocabulary or special are refused."""
@@ -225,7 +233,8 @@ class DirectiveExecutor:
         the first edit on, whether rows follow it or not."""
         layout = self.engine.model.cache_layout()
         rotates = layout.inv_freq is not None and len(layout.rotary_slices) == 1
-        applied = applied_modes([t.edit.mode for t in token_edits],
+        applied = applied_modes([t.edit.requested_mode for t in token_edits],
+                                intents=[t.edit.intent for t in token_edits],
                                 unsupported=None if rotates else "the cache layout has no single rotary slice")
         for t, a in zip(token_edits, applied):
             t.applied_mode, t.fallback_reason = a.mode, a.fallback_reason
@@ -273,9 +282,11 @@ class DirectiveExecutor:
             recomputed = int((region == PREFILL).sum())
             reused = int((region == positions[bounds[k]:bounds[k + 1]]).sum())
             results[t.edit.index] = DirectiveOutcome(
-                requested_mode=t.edit.mode, applied_mode=t.applied_mode, fallback_reason=t.fallback_reason,
+                requested_mode=t.edit.requested_mode, intent=t.edit.intent, applied_mode=t.applied_mode,
+                fallback_reason=t.fallback_reason,
                 token_start=t.old_start, token_end=t.old_end, delta=t.delta, reused_tokens=reused,
-                rotated_tokens=len(region) - recomputed - reused, recomputed_tokens=recomputed, auto=t.auto)
+                rotated_tokens=len(region) - recomputed - reused, recomputed_tokens=recomputed,
+                auto=t.auto or erased_auto(t.edit.requested_mode, t.fallback_reason))
         return [results[i] for i in sorted(results)]
 
     # -- execution -----------------------------------------------------------------

@@ -273,3 +273,18 @@ def test_property_tokens_follow_messages(rt, history, data):
             assert_same_rows(rows(rt, s), rows(rt, fresh))
             rt.delete_session(fresh.session_id, T)
     rt.delete_session(s.session_id, T)
+
+
+@pytest.mark.parametrize("mode", ["amortize", "auto"])
+def test_an_erase_recomputes_what_follows_it_whatever_the_mode(rt, mode):
+    """An erase never takes the path that keeps rows computed beside the removed content: nothing is
+    rotated, and every row equals a fresh prefill of the edited history."""
+    s = session(rt, agent_history())
+    replacement = [Message(role="tool", content="corrected: 17 files", tool_call_id=s.messages[3].tool_call_id)] \
+        if s.messages[3].role == "tool" else [Message(role="user", content="corrected")]
+    res = apply(rt, s, Directive(span=Span(start=3, end=4), replacement=replacement, mode=mode, intent="erase"))
+    (o,) = res.outcomes
+    assert (o.requested_mode, o.intent, o.applied_mode, o.fallback_reason) == (mode, "erase", "forget", "erase")
+    assert o.rotated_tokens == 0 and o.recomputed_tokens > 0
+    assert (o.auto is not None and o.auto.reason == "erase") == (mode == "auto")
+    assert_same_rows(rows(rt, s), rows(rt, session(rt, s.messages)))

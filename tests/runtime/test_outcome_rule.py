@@ -2,11 +2,15 @@
 
 from leyline_runtime.outcome_rule import (
     AFTER_FORGET,
+    ERASE,
     ONE_RUN_PER_BATCH,
     UNSUPPORTED_RUNTIME,
     Applied,
     applied_modes,
+    erased_auto,
+    planned_mode,
 )
+from leyline_sdk.protocol import AutoDecision
 
 
 def test_an_amortize_before_a_forget_keeps_its_mode_and_one_after_it_does_not():
@@ -34,3 +38,16 @@ def test_a_batch_recomputed_whole_is_forget_everywhere_with_its_reason():
 
 def test_an_edit_with_nothing_after_it_is_applied_as_asked():
     assert applied_modes(["amortize"], moves_rows=[False], unsupported="why") == [Applied("amortize")]
+
+
+def test_an_erase_is_forget_whatever_was_asked_and_what_follows_it_too():
+    got = applied_modes(["amortize", "auto", "amortize"], intents=["shrink", "erase", "shrink"])
+    assert got == [Applied("amortize"), Applied("forget", ERASE), Applied("forget", AFTER_FORGET)]
+    assert applied_modes(["forget"], intents=["erase"]) == [Applied("forget")]  # asked for, nothing to name
+
+
+def test_the_planned_mode_of_an_erase_is_forget_and_auto_names_why():
+    assert [planned_mode(m, "erase") for m in ("amortize", "auto", "forget")] == ["forget"] * 3
+    assert [planned_mode(m, "shrink") for m in ("amortize", "auto", "forget")] == ["amortize", "auto", "forget"]
+    assert erased_auto("auto", ERASE) == AutoDecision(choice="forget", reason=ERASE)
+    assert erased_auto("amortize", ERASE) is None and erased_auto("auto", AFTER_FORGET) is None

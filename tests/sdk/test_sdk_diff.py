@@ -22,6 +22,7 @@ from leyline_sdk import (
     apply_directives,
     default_policy,
     diff_messages,
+    edit_intent,
     explain_edit,
     force_mode,
     split_append,
@@ -425,3 +426,36 @@ def test_force_mode() -> None:
     assert force_mode("forget")(edit([user("a")], [])) == "forget"
     with pytest.raises(ValueError):
         force_mode("sometimes")  # type: ignore[arg-type]
+
+
+# --- edit intent -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "intent"),
+    [
+        ([tool("long output", "c1", "t1")], [tool("[cleared]", "c1", "t1")], "shrink"),  # cleared
+        ([tool("long output", "c1")], [tool("long", "c1")], "shrink"),  # truncated
+        ([tool("error: timeout", "c1")], [tool("42 files changed", "c1")], "erase"),  # a corrected result
+        ([assistant("", calls=["c1"]), tool("boom", "c1")], [], "shrink"),  # a failed attempt dropped
+        ([assistant("wrong", "a1")], [assistant("right", "a1")], "erase"),  # retracted
+        ([user("my key is sk-123")], [user("my key is [removed]")], "erase"),  # a user's correction
+        ([Message(role="system", content="old rules")], [Message(role="system", content="new")], "erase"),
+        ([], [user("extra context")], "shrink"),  # an insertion
+        ([user("an old question")], [], "shrink"),  # an old turn trimmed
+        ([user("q1"), assistant("a1"), user("q2")], [user("summary: q1 answered, q2 asked")], "shrink"),
+    ],
+)
+def test_edit_intent(old: list[Message], new: list[Message], intent: str) -> None:
+    assert edit_intent(edit(old, new)) == intent
+
+
+def test_split_append_gives_each_edit_its_intent_unless_told() -> None:
+    old = [user("q"), assistant("", calls=["c1"]), tool("error: timeout", "c1"), assistant("", calls=["c2"]),
+           tool("a long listing of every file", "c2"), user("next")]
+    new = [*old[:2], tool("42 files changed, 3 renamed", "c1"), old[3], tool("[cleared]", "c2"), old[5]]
+    directives, tail = split_append(old, new)
+    assert [(x.span.start, x.intent) for x in directives] == [(2, "erase"), (4, "shrink")] and tail == []
+    assert {x.intent for x in split_append(old, new, intent="shrink")[0]} == {"shrink"}
+    wire = DirectiveBatch(session_id="s", directives=directives).model_dump(mode="json")
+    assert DirectiveBatch.model_validate(wire).directives == directives  # the field survives the wire

@@ -126,12 +126,14 @@ def test_models_health_metrics_openapi(client):
     expected = {("/sessions", "post"), ("/sessions", "get"), ("/sessions/{session_id}", "get"),
                 ("/sessions/{session_id}", "delete"), ("/sessions/{session_id}/messages", "post"),
                 ("/sessions/{session_id}/generate", "post"), ("/directives", "post"),
-                ("/v1/chat/completions", "post"), ("/v1/models", "get"), ("/healthz", "get"), ("/metrics", "get")}
+                ("/v1/chat/completions", "post"), ("/v1/models", "get"), ("/healthz", "get"), ("/metrics", "get"),
+                ("/v1/messages", "post"), ("/v1/messages/count_tokens", "post")}
     assert {(p, m) for p, ops in schema["paths"].items() for m in ops} == expected
     assert "HTTPValidationError" not in schema["components"]["schemas"]
     for path, method in expected - {("/healthz", "get")}:
-        openai = path.startswith("/v1/")
-        status, model = ("400", "/OpenAIErrorBody") if openai else ("422", "/ErrorBody")
+        # each surface its own error body: Anthropic's, OpenAI's, Leyline's
+        status, model = (("400", "/AnthropicErrorBody") if path.startswith("/v1/messages") else
+                         ("400", "/OpenAIErrorBody") if path.startswith("/v1/") else ("422", "/ErrorBody"))
         ref = schema["paths"][path][method]["responses"][status]["content"]["application/json"]["schema"]["$ref"]
         assert ref.endswith(model), (path, method)
 

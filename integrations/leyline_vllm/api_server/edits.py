@@ -19,6 +19,8 @@ from leyline_runtime.outcome_rule import (
     NOT_MEASURED,
     UNSUPPORTED_RUNTIME,
     applied_modes,
+    erased_auto,
+    planned_mode,
 )
 from leyline_sdk.diff import apply_directives
 from leyline_sdk.errors import InvalidDirective
@@ -40,6 +42,11 @@ class EditSpan:
     new_end: int
 
     @property
+    def mode(self) -> str:
+        """The mode it is planned in (an erase: forget; :func:`~leyline_runtime.outcome_rule.planned_mode`)."""
+        return planned_mode(self.directive.mode, self.directive.intent)
+
+    @property
     def delta(self) -> int:
         return (self.new_end - self.new_start) - (self.old_end - self.old_start)
 
@@ -55,7 +62,7 @@ class EditSpans:
     def auto(self) -> bool:
         """Some directive is ``auto`` and none ``forget``: the batch is decided by the window's signal
         (:mod:`.auto_edits`); a ``forget`` recomputes everything after it anyway."""
-        modes = {s.directive.mode for s in self.spans}
+        modes = {s.mode for s in self.spans}
         return "auto" in modes and "forget" not in modes
 
     @property
@@ -70,7 +77,7 @@ class EditSpans:
         out: list[Run | None] = []
         forgotten = False
         for k, s in enumerate(self.spans):
-            forgotten = forgotten or s.directive.mode == "forget"
+            forgotten = forgotten or s.mode == "forget"
             end = self.spans[k + 1].old_start if k + 1 < len(self.spans) else self.old_len
             out.append(None if forgotten or end <= s.old_end else Run(s.old_end, s.new_end, end - s.old_end))
         return out
@@ -104,17 +111,17 @@ def directive_outcomes(edits: EditSpans, sync: Sync, recomputed: int) -> list[Di
     plan, runs = sync.plan, edits.runs
     moved = plan.run if plan.rotated is not None else None
     computed = {k: plan.unmoved.get(k) or _decided(sync) for k, r in enumerate(runs) if r is not None and k != moved}
-    applied = applied_modes([s.directive.mode for s in edits.spans],
+    applied = applied_modes([s.directive.mode for s in edits.spans], intents=[s.directive.intent for s in edits.spans],
                             moves_rows=[s.old_end < edits.old_len for s in edits.spans],
                             unsupported=sync.refusal, recomputed=computed, recomputed_all=sync.fallback)
     outcomes = []
     for i, (s, a) in enumerate(zip(edits.spans, applied)):
-        reason, auto = a.fallback_reason, None
-        if s.directive.mode == "auto":
+        reason, auto = a.fallback_reason, erased_auto(s.directive.mode, a.fallback_reason)
+        if s.mode == "auto":
             auto, reason = _auto_decision(edits, sync, a.mode, reason)
         totals = i == 0
         outcomes.append(DirectiveOutcome(
-            requested_mode=s.directive.mode, applied_mode=a.mode, fallback_reason=reason,
+            requested_mode=s.directive.mode, intent=s.directive.intent, applied_mode=a.mode, fallback_reason=reason,
             token_start=s.old_start, token_end=s.old_end, delta=s.delta,
             reused_tokens=sync.reused if totals else 0, rotated_tokens=sync.rotated if totals else 0,
             recomputed_tokens=recomputed if totals else 0, auto=auto))
