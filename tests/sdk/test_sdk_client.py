@@ -294,8 +294,9 @@ def test_apply(make_client: Callable[..., Blocking]) -> None:
                 "span": {"start": 1, "end": 2, "unit": "message"},
                 "replacement": [{"role": "tool", "content": "[cleared]", "tool_call_id": "c1"}],
                 "mode": "amortize",
+                "intent": "shrink",
             },
-            {"span": {"start": 0, "end": 3, "unit": "token"}, "replacement": "", "mode": "forget"},
+            {"span": {"start": 0, "end": 3, "unit": "token"}, "replacement": "", "mode": "forget", "intent": "shrink"},
         ],
     }
 
