@@ -52,6 +52,7 @@ OPTIONAL_FEATURES: dict[str, Callable[[ChatCompletionRequest], str | None]] = {
     "presence_penalty": lambda b: _asked("presence_penalty", b.presence_penalty != 0),
     "logit_bias": lambda b: _asked("logit_bias", bool(b.logit_bias)),
     "context_management": lambda b: _asked("context_management", b.context_management is not None),
+    "seed": lambda b: _asked("seed", b.seed is not None),
 }
 
 

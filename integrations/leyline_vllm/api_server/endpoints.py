@@ -135,11 +135,10 @@ class VllmChat:
     """:class:`~leyline_runtime.api.chat.ChatBackend` over the plugin's :class:`LeylineService`: the planned
     edits and the reply run as one pass through vLLM."""
 
-    refused = REFUSED
-
     def __init__(self, request: Request) -> None:
         self.service = _service(request)
         self.served_model = self.service.model_name
+        self.refused = {**REFUSED, **self.service.refused_sampling}  # and what this server's vLLM cannot take
 
     async def bound_turn(self, request: Request, session_id: str, body: ChatCompletionRequest,
                          tenant: str) -> ChatTurn:
