@@ -26,8 +26,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from .diff import MessageLike, apply_directives, split_append
-from .policy import EditContext, ModePolicy, edit_intent, force_mode
-from .protocol import MAX_DIRECTIVES, Directive, Message, Mode, Span
+from .policy import EditContext, ModePolicy, force_mode
+from .protocol import MAX_DIRECTIVES, Directive, Intent, Message, Mode, Span
 
 __all__ = ["BatchPlan", "plan_batch"]
 
@@ -94,8 +94,7 @@ def _merge_units(old: list[Message], directives: list[Directive], choose: ModePo
             edit = EditContext(old_messages=tuple(old[prev.span.start:d.span.end]),
                                new_messages=tuple(replacement), start=prev.span.start,
                                total_messages=len(old))
-            # an erase stays an erase when merged; else the merged edit's own intent
-            intent = "erase" if "erase" in (prev.intent, d.intent) else edit_intent(edit)
+            intent: Intent = "erase" if "erase" in (prev.intent, d.intent) else "shrink"  # an erase stays one
             merged[-1] = Directive(span=Span(start=prev.span.start, end=d.span.end),
                                    replacement=replacement, mode=choose(edit), intent=intent)
         else:

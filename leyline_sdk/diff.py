@@ -25,7 +25,7 @@ from typing import Any, cast
 
 from ._alignment import align
 from .errors import InvalidDirective, InvalidSpan, OverlappingSpans
-from .policy import EditContext, ModePolicy, edit_intent, force_mode
+from .policy import EditContext, IntentPolicy, ModePolicy, force_mode
 from .protocol import Directive, Intent, Message, Mode, Span
 
 __all__ = ["apply_directives", "diff_messages", "split_append"]
@@ -38,7 +38,7 @@ def diff_messages(
     *,
     mode: Mode | None = None,
     policy: ModePolicy | None = None,
-    intent: Intent | None = None,
+    intent: Intent | IntentPolicy | None = None,
 ) -> list[Directive]:
     """The directives for the edits that turn ``old`` into ``new``.
 
@@ -54,14 +54,15 @@ def split_append(
     *,
     mode: Mode | None = None,
     policy: ModePolicy | None = None,
-    intent: Intent | None = None,
+    intent: Intent | IntentPolicy | None = None,
 ) -> tuple[list[Directive], list[Message]]:
     """``(directives, tail)`` with ``apply_directives(old, directives) + tail == new``.
 
     Directives address ``old`` (a batch, like a patch). Their mode comes from
     ``policy`` (called once per directive), or is ``mode`` for all of them,
     ``"amortize"`` when neither is given. Their intent is ``intent`` for all of
-    them, or each edit's own (:func:`~leyline_sdk.policy.edit_intent`).
+    them, or what a policy answers per edit (``intent=edit_intent``: the SDK's
+    reading, :func:`~leyline_sdk.policy.edit_intent`); ``"shrink"`` when not given.
     """
     old_messages, new_messages = _as_messages(old), _as_messages(new)
     choose = _resolve_policy(mode, policy)
@@ -169,7 +170,8 @@ def _insertion_touches(first: _Hunk, second: _Hunk) -> bool:
 
 
 def _directive(
-    hunk: _Hunk, old: Sequence[Message], new: Sequence[Message], choose: ModePolicy, intent: Intent | None
+    hunk: _Hunk, old: Sequence[Message], new: Sequence[Message], choose: ModePolicy,
+    intent: Intent | IntentPolicy | None,
 ) -> Directive:
     replacement = list(new[hunk.new_start : hunk.new_end])
     edit = EditContext(
@@ -182,7 +184,7 @@ def _directive(
         span=Span(start=hunk.old_start, end=hunk.old_end),
         replacement=replacement,
         mode=choose(edit),
-        intent=intent or edit_intent(edit),
+        intent=intent(edit) if callable(intent) else intent or "shrink",
     )
 
 

@@ -22,6 +22,7 @@ from .protocol import Intent, Message, Mode
 __all__ = [
     "EditContext",
     "EditReason",
+    "IntentPolicy",
     "ModePolicy",
     "auto_policy",
     "default_policy",
@@ -82,6 +83,7 @@ class EditContext:
 
 
 ModePolicy = Callable[[EditContext], Mode]
+IntentPolicy = Callable[[EditContext], Intent]
 
 
 def explain_edit(edit: EditContext) -> tuple[Mode, EditReason]:
@@ -117,8 +119,9 @@ def edit_intent(edit: EditContext) -> Intent:
     replaced by a corrected one: not a truncation of it, not a ``[placeholder]``); ``shrink`` for the
     rest: messages dropped or inserted, several folded into fewer (a summary), a result cleared or
     truncated. A guess from the text: a redaction that only shortens reads as a shrink, so say
-    ``intent="erase"`` yourself there (:func:`~leyline_sdk.diff.split_append`). The engines recompute
-    after an erase whatever the mode (``Directive.intent``)."""
+    ``intent="erase"`` yourself there. Opt in with ``split_append(..., intent=edit_intent)``: the
+    engines recompute after an erase whatever the mode (``Directive.intent``), so it is not the
+    default, which keeps every edit a shrink."""
     if edit.kind != "replace" or len(edit.new_messages) < len(edit.old_messages):
         return "shrink"
     reason = explain_edit(edit)[1]

@@ -450,12 +450,13 @@ def test_edit_intent(old: list[Message], new: list[Message], intent: str) -> Non
     assert edit_intent(edit(old, new)) == intent
 
 
-def test_split_append_gives_each_edit_its_intent_unless_told() -> None:
+def test_split_append_reads_each_edits_intent_when_asked() -> None:
     old = [user("q"), assistant("", calls=["c1"]), tool("error: timeout", "c1"), assistant("", calls=["c2"]),
            tool("a long listing of every file", "c2"), user("next")]
     new = [*old[:2], tool("42 files changed, 3 renamed", "c1"), old[3], tool("[cleared]", "c2"), old[5]]
-    directives, tail = split_append(old, new)
+    directives, tail = split_append(old, new, intent=edit_intent)
     assert [(x.span.start, x.intent) for x in directives] == [(2, "erase"), (4, "shrink")] and tail == []
-    assert {x.intent for x in split_append(old, new, intent="shrink")[0]} == {"shrink"}
+    assert {x.intent for x in split_append(old, new)[0]} == {"shrink"}  # not asked: every edit a shrink
+    assert {x.intent for x in split_append(old, new, intent="erase")[0]} == {"erase"}
     wire = DirectiveBatch(session_id="s", directives=directives).model_dump(mode="json")
     assert DirectiveBatch.model_validate(wire).directives == directives  # the field survives the wire
