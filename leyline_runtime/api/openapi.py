@@ -26,6 +26,7 @@ chat request there is vLLM's own) is left out.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI
@@ -156,9 +157,11 @@ def refuse_fields(schema: dict[str, Any], model: str, refused: dict[str, str]) -
         properties[field] = {"type": "null", "default": None, "title": field.title(), "description": reason}
 
 
-def install_openapi(app: FastAPI, paths: list[str] | None = None) -> None:
+def install_openapi(app: FastAPI, paths: list[str] | None = None,
+                    then: Callable[[dict[str, Any]], None] | None = None) -> None:
     """``app.openapi()`` returns the document its own builder makes (FastAPI's, or vLLM's), amended once
-    for the models ``paths`` reach (default: every path)."""
+    for the models ``paths`` reach (default: every path), and by ``then`` (what the server knows once it
+    is up: the document is first built at the first request)."""
     build = app.openapi
     amended: dict[str, Any] | None = None
 
@@ -166,6 +169,8 @@ def install_openapi(app: FastAPI, paths: list[str] | None = None) -> None:
         nonlocal amended
         if amended is None:
             amended = amend(build(), paths)
+            if then is not None:
+                then(amended)
         return amended
 
     app.openapi = openapi  # type: ignore[method-assign]

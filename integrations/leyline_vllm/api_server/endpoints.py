@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI, Request
@@ -210,19 +211,16 @@ async def _delegate(original: APIRoute | None, request: Request, data: Any):
     return await original.endpoint(request=parsed, raw_request=request)
 
 
-def _document_refused_sampling(app: FastAPI) -> None:
-    """The document names the sampling fields this server refuses (:func:`.sampling.refused_sampling`: known
-    once the engine is up, before the document is first built)."""
-    amended = app.openapi
+def _refused_sampling_in(app: FastAPI) -> Callable[[dict[str, Any]], None]:
+    """Names in the document the sampling fields this server refuses (:func:`.sampling.refused_sampling`:
+    known once the engine is up, before the document is first built)."""
 
-    def openapi() -> dict[str, Any]:
-        schema = amended()
+    def document(schema: dict[str, Any]) -> None:
         service = getattr(app.state, "leyline", None)
         if service is not None:
             refuse_fields(schema, "GenerateRequest", service.refused_sampling)
-        return schema
 
-    app.openapi = openapi  # type: ignore[method-assign]
+    return document
 
 
 class LeylineEndpoints:
@@ -238,8 +236,7 @@ class LeylineEndpoints:
         app.include_router(router)
         # vLLM's document, with the session models' rules in words its schema can carry (as the bundled
         # app's); a wrong method on a Leyline path answered as the bundled app answers it
-        install_openapi(app, paths=sorted({route.path for route in router.routes}))
-        _document_refused_sampling(app)
+        install_openapi(app, paths=sorted({route.path for route in router.routes}), then=_refused_sampling_in(app))
         install_method_not_allowed(app, router.routes)
 
     async def init_state(self, engine_client, state, args) -> None:
