@@ -44,14 +44,20 @@ def amortize(client: LeylineClient, session_id: str, messages: list[Message]):
                                                mode="amortize")]).outcomes[0]
 
 
-def test_a_held_block_splice_equals_a_host_tier_splice_bit_for_bit(base_url):
+def test_a_held_block_splice_equals_a_host_tier_splice_bit_for_bit(base_url, tol):
     """One history, one edit: a session whose snapshot stayed in the paged cache and one whose snapshot
-    was released to the host tier load and rotate the very same rows."""
+    was released to the host tier load and rotate the very same rows.
+
+    Bit for bit where the rows were carried (the prefix kept, the rows rotated) from equal source rows.
+    Rows vLLM computed (the edit's recomputed window; before it, the row of each session's generated
+    token) may part by the batch shape they were computed in (seen on the AMX Xeon in bf16: 0.047 in
+    one CI run, 0 in the next), so they are held to the two-prefills bound."""
     old = history(tag=uuid.uuid4().hex[:12])
     held, spilled = sid("held"), SPILL_SESSIONS[0]
     with LeylineClient(base_url, timeout=600) as client:
         for s in (held, spilled):
             client.create_session(old, session_id=s)
+        before = {layer: (rows(base_url, held, layer), rows(base_url, spilled, layer)) for layer in (0, 1)}
         plain_completion(base_url, 4)  # an engine step: the worker copies the spill session's hold out
         host_loads = metric(base_url, "leyline_host_tier_loads")
         outcomes = [amortize(client, s, old) for s in (held, spilled)]
@@ -62,9 +68,17 @@ def test_a_held_block_splice_equals_a_host_tier_splice_bit_for_bit(base_url):
             assert o.applied_mode == "amortize" and o.fallback_reason is None, o
             assert o.rotated_tokens > 0
         assert outcomes[0] == outcomes[1]
+        carried = _carried_from(outcomes[0])
         for layer in (0, 1):
             a, b = rows(base_url, held, layer), rows(base_url, spilled, layer)
-            assert a.shape == b.shape and np.array_equal(a, b), np.abs(a - b).max()
+            assert a.shape == b.shape
+            was_a, was_b = before[layer]
+            same_source = np.zeros(len(a), dtype=bool)
+            for new, old_row in carried(len(a)):
+                same_source[new] = np.array_equal(was_a[old_row], was_b[old_row])
+            assert same_source.sum() > len(a) // 2, (layer, same_source.sum())  # most rows carried as they were
+            assert np.array_equal(a[same_source], b[same_source]), (layer, np.nonzero((a != b).any(axis=1) & same_source))
+            assert np.abs(a - b).max() <= tol.prefill_row * np.abs(a).max(), (layer, np.abs(a - b).max())
         assert metric(base_url, "leyline_hold_releases", reason="test_spill") >= 3
         dropped = metric(base_url, "leyline_hold_releases", reason="dropped")
         client.apply(held, [Directive(span=Span(start=1, end=2), mode="forget")])
@@ -72,6 +86,17 @@ def test_a_held_block_splice_equals_a_host_tier_splice_bit_for_bit(base_url):
         assert metric(base_url, "leyline_hold_releases", reason="dropped") >= dropped + 1
         client.delete_session(spilled)
         client.delete_session(held)
+
+
+def _carried_from(outcome):
+    """(new row, old row) of every row an amortize carried: the prefix it kept, then the rows it rotated
+    (moved by the edit's delta); the recomputed window between them is the engine's."""
+    first_rotated = outcome.reused_tokens + outcome.recomputed_tokens
+
+    def pairs(n_rows: int):
+        yield from ((i, i) for i in range(outcome.reused_tokens))
+        yield from ((i, i - outcome.delta) for i in range(first_rotated, n_rows))
+    return pairs
 
 
 @pytest.fixture(scope="module")
