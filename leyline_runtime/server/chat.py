@@ -34,7 +34,7 @@ from ..api.chat_turn import ChatTurn, TurnPlan, plan_chat_turn
 from ..metrics import ServiceMetrics
 from ..runtime import Runtime
 from .constraints import Decoding, plan_decoding
-from .context_edits import apply_edits
+from ..api.context_edits import apply_edits
 
 MAX_ATTEMPTS = 3
 

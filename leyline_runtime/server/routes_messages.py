@@ -24,10 +24,11 @@ from leyline_sdk.protocol import MAX_ID_LENGTH, SESSION_ID_PATTERN, SESSION_ID_R
 from ..api.chat import bound_session, check_request
 from ..api.chat_prompt import prompt_messages, stop_strings
 from ..api.chat_request import ChatCompletionRequest
+from ..api.continuation import ContinuationIndex, Scope, new_session_id
 from ..api.errors import SESSION_HEADER
 from ..api.json_body import OrjsonRoute
 from ..api.messages_errors import AnthropicRoute, anthropic_error_responses
-from ..api.messages_request import MessagesPrompt, MessagesRequest, chat_request
+from ..api.messages_request import MessagesPrompt, MessagesRequest, chat_request, sent_back
 from ..api.messages_response import (
     MessageReply,
     MessagesStreamShape,
@@ -35,13 +36,14 @@ from ..api.messages_response import (
     TokenCount,
     message_id,
     message_reply,
+    reply_content,
 )
 from ..api.sse_schema import sse_content
 from ..runtime import Runtime
 from ..text.tokenizer import ChatTokenizer
 from .auth import Authenticator
 from .chat import ChatService, OnToken
-from .context_edits import apply_edits
+from ..api.context_edits import apply_edits
 from .routes_sessions import check_limits
 from .sse import stream_tokens
 from .streaming import DeltaDecoder
@@ -108,6 +110,25 @@ def _run(service: ChatService, body: ChatCompletionRequest, tenant: str,
     return run
 
 
+def _continued(run: Callable[[OnToken | None, str], MessagesTurn], index: ContinuationIndex, scope: Scope,
+               history: list[Message]) -> Callable[[OnToken | None], MessagesTurn]:
+    """``run`` bound to the held session ``history`` continues in ``scope``, or to a new one (a miss);
+    the session is found by the history and the reply the client will send back next time."""
+    def run_continued(on_token: OnToken | None = None) -> MessagesTurn:  # in a worker thread
+        claim = index.claim(scope, history)
+        session_id = claim.session_id if claim else new_session_id()
+        try:
+            answered = run(on_token, session_id)
+        except BaseException:
+            if claim is not None:
+                index.restore(claim)
+            raise
+        reply = sent_back([b.model_dump() for b in reply_content(answered.turn)])
+        index.record(scope, [*history, reply], session_id)
+        return answered
+    return run_continued
+
+
 @router.post("/messages", response_model=MessageReply,
              responses={200: {"content": _STREAM_DOC, "description": "A message, or Anthropic's SSE events when "
                               "`stream` is true"}, **anthropic_error_responses()},
@@ -120,7 +141,13 @@ async def create_message(body: MessagesRequest, request: Request, tenant: Tenant
     chat = chat_request(body)
     check_limits(request, chat.messages)
     check_request(chat, model, {})
-    run = _run(service, chat, tenant, bound_session(None, x_leyline_session))
+    session_id = bound_session(None, x_leyline_session)
+    if session_id is not None:
+        run = _run(service, chat, tenant, session_id)
+    else:  # no session named: the held one this history continues, or a new one
+        user = body.metadata.user_id if body.metadata else None
+        run = _continued(lambda on_token, sid: _run(service, chat, tenant, sid)(on_token),
+                         request.app.state.continuations, Scope(tenant, user), prompt_messages(chat))
     msg_id = message_id()
     if not body.stream:
         return message_reply(await run_in_threadpool(run), msg_id, model)

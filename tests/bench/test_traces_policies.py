@@ -139,7 +139,7 @@ def test_summarization_replaces_all_but_the_last_20_messages_and_keeps_its_state
 
 
 def test_anthropic_clear_is_the_runtimes_edit_and_its_request_field():
-    from leyline_runtime.server.context_edits import PLACEHOLDER
+    from leyline_runtime.api.context_edits import PLACEHOLDER
 
     policy = make_policy("anthropic_clear", CAP)
     edit = policy.context_management["edits"][0]

@@ -22,7 +22,7 @@ Parameters are the frameworks' documented ones, their token sizes scaled by ``ca
   to its first 5 and last 5 lines with a marker line between (``[... N lines truncated ...]``):
   the agent reads each output whole once, then it is cut.
 * ``anthropic_clear``: Anthropic's ``clear_tool_uses_20250919`` as the bundled runtime's
-  ``context_management`` applies it (``leyline_runtime.server.context_edits.clear_tool_uses``,
+  ``context_management`` applies it (``leyline_runtime.api.context_edits.clear_tool_uses``,
   the same function, counting with the runtime's tokenizer as the server does). Parameters: the
   documented example (trigger 30,000 input tokens, keep 3 tool uses, clear_at_least 5,000),
   scaled. The bundled runtime arm sends the raw history with ``context_management`` and the
@@ -215,7 +215,7 @@ class AnthropicClear(AppendOnly):
                            "token_counter": "the bundled runtime's tokenizer (the server counts with it)"}
 
     def sent(self, raw: list[Message]) -> list[Message]:
-        from leyline_runtime.server.context_edits import apply_edits
+        from leyline_runtime.api.context_edits import apply_edits
 
         return apply_edits(self.management, list(raw), self.tokenizer)[0]
 

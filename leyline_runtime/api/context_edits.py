@@ -8,20 +8,33 @@ tokens the edit is skipped. The client keeps sending its full history; the
 edited history is what the session holds, so on a bound request each newly
 cleared result is one amortize directive and the cache behind it is kept —
 the edit Anthropic documents as invalidating its prompt cache.
+
+Engine-agnostic: tokens are counted by the engine's own tokenizer (:class:`MessageTokens`), each
+message in the context of the whole history (the bundled runtime's template encodes each message on
+its own; vLLM's chat template renders the history, see ``leyline_vllm.api_server.template``).
 """
 
 from __future__ import annotations
 
+from typing import Protocol
+
 from leyline_sdk.protocol import FunctionCall, Message, ToolCall
 
-from leyline_runtime.text.tokenizer import ChatTokenizer
-from ..api.chat_request import AppliedEdit, ClearToolUses, ContextManagement
+from .chat_request import AppliedEdit, ClearToolUses, ContextManagement
 
 PLACEHOLDER = "[tool result cleared]"
 
 
+class MessageTokens(Protocol):
+    """An engine's tokenizer, as the edits count with it."""
+
+    def encode_messages(self, messages: list[Message]) -> list[list[int]]:
+        """Each message's tokens in the prompt ``messages`` renders."""
+        ...
+
+
 def apply_edits(management: ContextManagement | None, messages: list[Message],
-                tokenizer: ChatTokenizer) -> tuple[list[Message], list[AppliedEdit]]:
+                tokenizer: MessageTokens) -> tuple[list[Message], list[AppliedEdit]]:
     """The history the model is shown, and what was cleared."""
     applied = []
     for edit in management.edits if management else []:
@@ -32,13 +45,15 @@ def apply_edits(management: ContextManagement | None, messages: list[Message],
 
 
 def clear_tool_uses(edit: ClearToolUses, messages: list[Message],
-                    tokenizer: ChatTokenizer) -> tuple[list[Message], AppliedEdit | None]:
-    def tokens(m: Message) -> int:
-        return len(tokenizer.encode_message(m))
+                    tokenizer: MessageTokens) -> tuple[list[Message], AppliedEdit | None]:
+    def tokens(history: list[Message]) -> int:
+        return sum(map(len, tokenizer.encode_messages(history)))
 
     uses = [i for i, m in enumerate(messages) if m.role == "tool"]
-    size = len(uses) if edit.trigger.type == "tool_uses" else sum(tokens(m) for m in messages)
-    if size < edit.trigger.value:
+    if edit.trigger.type == "tool_uses" and len(uses) < edit.trigger.value:
+        return messages, None
+    before = tokens(messages)  # one count of the history: the trigger's size and what the edit frees
+    if edit.trigger.type == "input_tokens" and before < edit.trigger.value:
         return messages, None
     names = _tool_names(messages)
     # the newest keep.value tool results; with fewer than that, all of them (a negative start would keep only some)
@@ -53,7 +68,7 @@ def clear_tool_uses(edit: ClearToolUses, messages: list[Message],
     if edit.clear_tool_inputs:
         call_ids = {messages[i].tool_call_id for i in targets if messages[i].tool_call_id}
         edited = [_clear_inputs(m, call_ids) for m in edited]
-    freed = sum(tokens(a) for a in messages) - sum(tokens(b) for b in edited)
+    freed = before - tokens(edited)
     if not cleared and freed <= 0 or freed < (edit.clear_at_least.value if edit.clear_at_least else 0):
         return messages, None
     return edited, AppliedEdit(cleared_tool_uses=len(cleared), cleared_input_tokens=freed)
