@@ -18,8 +18,9 @@ route's own. The translation:
   ``auto``/``any``/``tool``/``none`` becomes ``auto``/``required``/a named tool/``none``, decoded
   under the same grammar; ``disable_parallel_tool_use`` is ``parallel_tool_calls: false``;
 * ``stop_sequences``, ``temperature``, ``top_p``, ``top_k`` and ``max_tokens`` keep their meaning;
-* ``cache_control``, ``metadata``, ``service_tier`` and ``citations`` are accepted and change nothing
-  (Leyline's cache follows the session, not a marker);
+* ``cache_control``, ``service_tier`` and ``citations`` are accepted and change nothing (Leyline's
+  cache follows the session, not a marker); ``metadata.user_id`` narrows which held session a request
+  without a session id may continue (:mod:`.continuation`);
 * ``context_management``'s ``clear_tool_uses_20250919`` is the chat route's edit;
   ``clear_thinking_20251015`` is met by construction (no thinking block reaches the prompt) and is
   never reported as applied.
@@ -173,7 +174,9 @@ class MessagesContextManagement(JsonModel):
 class Metadata(JsonModel):
     model_config = ConfigDict(extra="forbid")
 
-    user_id: str | None = Field(default=None, max_length=256, description="Accepted; not used")
+    user_id: str | None = Field(default=None, max_length=256,
+                                description="Narrows which held session a request without a session id may "
+                                            "continue to this user's (leyline_runtime.api.continuation)")
 
 
 class MessagesPrompt(JsonModel):
@@ -248,6 +251,14 @@ def _system(system: str | list[TextBlock] | None) -> list[Message]:
     if system is None:
         return []
     return [Message(role="system", content=system if isinstance(system, str) else _text(system))]
+
+
+def sent_back(content: list[dict[str, Any]]) -> Message:
+    """A reply's content blocks as the assistant message the next request's translation makes of them,
+    when the client sends them back (it does, verbatim: the history is the client's)."""
+    if not content:
+        return Message(role="assistant", content="")
+    return _chat_messages(MessageParam.model_validate({"role": "assistant", "content": content}))[0]
 
 
 def _chat_messages(message: MessageParam) -> list[Message]:

@@ -7,8 +7,8 @@ it), else ``end_turn``.
 
 ``usage`` counts what the engine did with the prompt: ``cache_read_input_tokens`` were reused from
 the cache, ``cache_creation_input_tokens`` were computed and kept in a bound session's cache (a
-later request of the session reads them), ``input_tokens`` were computed and not kept (a request
-with no session). The three add up to the prompt's tokens.
+later request of the session reads them), ``input_tokens`` were computed and not kept in a session (a
+stateless request). The three add up to the prompt's tokens.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ class ToolUseContent(BaseModel):
 
 
 class MessagesUsage(BaseModel):
-    input_tokens: int = Field(description="Prompt tokens computed and not kept (a request with no session)")
+    input_tokens: int = Field(description="Prompt tokens computed and not kept in a session")
     output_tokens: int
     cache_read_input_tokens: int = Field(description="Prompt tokens reused from the cache")
     cache_creation_input_tokens: int = Field(description="Prompt tokens computed and kept in the bound session")
@@ -99,11 +99,15 @@ def tool_uses(turn: ChatTurn) -> list[ToolUseContent]:
             for c in turn.response.message.tool_calls or []]
 
 
+def reply_content(turn: ChatTurn) -> list[TextContent | ToolUseContent]:
+    """The reply's blocks: a text block when it has text, then one ``tool_use`` block per call."""
+    text = turn.response.message.content
+    return [*([TextContent(text=text)] if text else []), *tool_uses(turn)]
+
+
 def message_reply(answered: MessagesTurn, msg_id: str, model: str) -> MessageReply:
     turn = answered.turn
-    text = turn.response.message.content
-    content: list[TextContent | ToolUseContent] = [TextContent(text=text)] if text else []
-    return MessageReply(id=msg_id, content=[*content, *tool_uses(turn)], model=model,
+    return MessageReply(id=msg_id, content=reply_content(turn), model=model,
                         stop_reason=stop_reason(answered), stop_sequence=answered.stop_sequence,
                         usage=messages_usage(turn), context_management=context_report(turn), leyline=report(turn))
 

@@ -18,6 +18,7 @@ from . import routes_messages, routes_openai, routes_sessions, routes_system
 from .auth import ADMIN_KEYS_ENV, Authenticator, keys_from_env
 from .chat import ChatService
 from .durability import restore_sessions, save_sessions
+from ..api.continuation import ContinuationIndex
 from ..api.errors import install_error_handlers
 from .limits import BodyGuard, Limits
 from ..api.openapi import install_openapi
@@ -65,6 +66,7 @@ def create_app(config: RuntimeConfig | None = None, *, runtime: Runtime | None =
     app.state.runtime = runtime
     app.state.metrics = metrics = ServiceMetrics(runtime)
     app.state.chat = ChatService(runtime, metrics)
+    app.state.continuations = ContinuationIndex()  # the Messages API's sessions found by their history
     app.state.auth = Authenticator(config.api_keys or keys_from_env(),
                                    admin_keys or keys_from_env(ADMIN_KEYS_ENV))
     app.state.started = int(time.time())

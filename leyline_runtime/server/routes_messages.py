@@ -2,9 +2,11 @@
 
 A Messages request is translated into the chat request (:func:`~leyline_runtime.api.messages_request.
 chat_request`) and run as the chat route runs it (:meth:`ChatService.complete`: the same turn, the same
-session binding by ``X-Leyline-Session``, the same constrained decoding and ``context_management``);
-only the answer's shape is Anthropic's (:mod:`leyline_runtime.api.messages_response`), and so are the
-errors (:mod:`leyline_runtime.api.messages_errors`). The key comes as ``x-api-key`` (Anthropic's
+session binding by ``X-Leyline-Session``, the same constrained decoding and ``context_management``).
+A request without ``X-Leyline-Session`` is bound to the held session its history continues, or to a
+new one (:mod:`leyline_runtime.api.continuation`: the rule). Only the answer's shape is Anthropic's
+(:mod:`leyline_runtime.api.messages_response`), and so are the errors
+(:mod:`leyline_runtime.api.messages_errors`). The key comes as ``x-api-key`` (Anthropic's
 clients) or ``Authorization: Bearer``; ``anthropic-version`` and ``anthropic-beta`` are accepted and
 change nothing.
 """
@@ -57,6 +59,7 @@ router = APIRouter(prefix="/v1", tags=["anthropic"], route_class=_Route)
 
 _bearer = HTTPBearer(auto_error=False, description="An API key, when the server was started with keys")
 _api_key = APIKeyHeader(name="x-api-key", auto_error=False, description="An API key (Anthropic's header)")
+Turn = Callable[[str | None, OnToken | None], MessagesTurn]  # a Messages turn on the session named
 _STREAM_DOC = sse_content('event: message_start\ndata: {"type": "message_start", ...}\n\n')
 
 
@@ -101,29 +104,32 @@ class StopWatch:
         return self.stops[min(found)[1]] if found else None
 
 
-def _run(service: ChatService, body: ChatCompletionRequest, tenant: str,
-         session_id: str | None) -> Callable[[OnToken | None], MessagesTurn]:
-    def run(on_token: OnToken | None = None) -> MessagesTurn:  # in a worker thread
+def _run(service: ChatService, body: ChatCompletionRequest, tenant: str) -> Turn:
+    def run(session_id: str | None, on_token: OnToken | None = None) -> MessagesTurn:  # in a worker thread
         stops = StopWatch(service.runtime.tokenizer, stop_strings(body))
         turn = service.complete(body, tenant, session_id, on_token=stops.watch(on_token))
         return MessagesTurn(turn, stops.matched() if turn.response.finish_reason == "stop" else None)
     return run
 
 
-def _continued(run: Callable[[OnToken | None, str], MessagesTurn], index: ContinuationIndex, scope: Scope,
+def _bound(run: Turn, session_id: str) -> Callable[[OnToken | None], MessagesTurn]:
+    return lambda on_token=None: run(session_id, on_token)
+
+
+def _continued(run: Turn, index: ContinuationIndex, scope: Scope,
                history: list[Message]) -> Callable[[OnToken | None], MessagesTurn]:
     """``run`` bound to the held session ``history`` continues in ``scope``, or to a new one (a miss);
-    the session is found by the history and the reply the client will send back next time."""
+    the session is recorded under the history and the reply as the client will send them back."""
     def run_continued(on_token: OnToken | None = None) -> MessagesTurn:  # in a worker thread
         claim = index.claim(scope, history)
         session_id = claim.session_id if claim else new_session_id()
         try:
-            answered = run(on_token, session_id)
+            answered = run(session_id, on_token)
         except BaseException:
             if claim is not None:
                 index.restore(claim)
             raise
-        reply = sent_back([b.model_dump() for b in reply_content(answered.turn)])
+        reply = sent_back([block.model_dump() for block in reply_content(answered.turn)])
         index.record(scope, [*history, reply], session_id)
         return answered
     return run_continued
@@ -142,12 +148,12 @@ async def create_message(body: MessagesRequest, request: Request, tenant: Tenant
     check_limits(request, chat.messages)
     check_request(chat, model, {})
     session_id = bound_session(None, x_leyline_session)
+    turn = _run(service, chat, tenant)
     if session_id is not None:
-        run = _run(service, chat, tenant, session_id)
+        run = _bound(turn, session_id)
     else:  # no session named: the held one this history continues, or a new one
         user = body.metadata.user_id if body.metadata else None
-        run = _continued(lambda on_token, sid: _run(service, chat, tenant, sid)(on_token),
-                         request.app.state.continuations, Scope(tenant, user), prompt_messages(chat))
+        run = _continued(turn, request.app.state.continuations, Scope(tenant, user), prompt_messages(chat))
     msg_id = message_id()
     if not body.stream:
         return message_reply(await run_in_threadpool(run), msg_id, model)

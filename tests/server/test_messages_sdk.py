@@ -46,8 +46,9 @@ def test_create_answers_a_message_whose_usage_is_the_prompt_count_tokens_gives(c
     assert reply.type == "message" and reply.role == "assistant" and reply.model == MODEL
     assert [b.type for b in reply.content] == ["text"] and reply.content[0].text
     assert reply.stop_reason in ("end_turn", "max_tokens") and 0 < reply.usage.output_tokens <= 6
-    # no session: everything was computed and nothing kept
-    assert reply.usage.cache_read_input_tokens == reply.usage.cache_creation_input_tokens == 0
+    # no session named and none held that this history continues: a new one, everything computed and kept
+    assert reply.usage.cache_read_input_tokens == reply.usage.input_tokens == 0
+    assert reply.model_extra["leyline"]["built"] and reply.model_extra["leyline"]["session_id"]
     assert prompt_tokens(reply.usage) == client.messages.count_tokens(model=MODEL, messages=HELLO).input_tokens
 
 
