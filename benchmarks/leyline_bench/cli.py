@@ -27,6 +27,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "chaos": ("serve.chaos", "mixed valid and invalid load from many clients on a served runtime"),
     "agent": ("agent.agent", "LangGraph agents end to end: solve rate, tokens computed and wall time, with and without edits"),
     "drift": ("drift.drift", "amortize / forget / auto drift on GQA and MLA models, transformers as the oracle"),
+    "drift-agent": ("drift.drift_agent", "the next action after real edits under amortize / repairs / auto / forget "
+                                        "against an exact prefill: same action, same command word, KL, margin"),
     "drift-real": ("drift.drift_real", "amortize / repair / auto / forget on real weights and edits from real agent "
                                  "sessions: next turn, greedy tokens, removed-content questions"),
     "vllm": ("vllm.vllm", "directives inside vllm serve with Leyline's plugins (needs .venv-vllm)"),

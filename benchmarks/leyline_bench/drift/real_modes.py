@@ -6,7 +6,16 @@ before the edit and prefills the rest; ``amortize`` keeps them, prefills the rep
 rows after it by δ (the rotary dims of every key rotated by δ, the rest copied); ``repair-W`` is
 amortize with the first W rows after the replacement recomputed exactly (they see only exact rows);
 ``auto`` is the runtime's rule (:mod:`leyline_runtime.auto_rule`) on the model's measured layer-1
-signal, with its default thresholds.
+signal, with its default thresholds. Three more corrections of amortize's rows, and the floor:
+
+* ``dependent-N`` recomputes from the edit through the end of the N-th assistant turn after it (the
+  turn that read the edited span and wrote its conclusions into the rows after it), rotates the rest;
+  with fewer than N turns after the edit it recomputes the whole tail, i.e. it is forget;
+* ``tail-K`` recomputes the last K rows of the history (on amortize's rows before them), the cheap
+  baseline that reaches what the model attends to most but not what the edit changed;
+* ``chunked-C`` is an exact prefill of the edited history in C-token chunks, each over the rows of the
+  ones before: exact arithmetic in other matrix shapes, so how far it parts from ``exact`` is the
+  dtype's floor (two exact prefills; a second one-shot prefill on the CPU repeats the first bit for bit).
 
 Every mode's rows have the same length (the edited history's), so what follows is one batch, arm 0
 the reference: the next turn and an assistant header are prefilled (their logits scored against the
@@ -40,31 +49,55 @@ class ModeRows:
 
 
 def edited_rows(model, old_rows: Rows, new: list[int], edit, slot, cfg: AutoConfig,
-                modes: list[str]) -> dict[str, ModeRows]:
+                modes: list[str], turn_ends: list[int] | None = None) -> dict[str, ModeRows]:
     """The rows of the edited history ``new`` under each of ``modes`` (from the old history's ``old_rows``),
-    the reference first."""
+    the reference first. ``turn_ends``: where the assistant turns after the edit end in ``new`` (token
+    positions, in order; the ``dependent-N`` modes need them)."""
     out = {EXACT: ModeRows(prefill(model, new, 0, [], keep=1)[1], len(new))}
-    needed = {m for m in modes if not m.startswith("repair-")} | ({"amortize"} if len(modes) > 1 else set())
+    derived = ("repair-", "dependent-", "tail-", "chunked-")
+    needed = {m for m in modes if not m.startswith(derived)}
+    needed |= {"amortize"} if any(m.startswith(derived[:3]) for m in modes) else set()
     for policy in ("amortize", "forget", "auto"):
         if policy in needed:
             run = OraclePolicyRun(policy, rows=old_rows)
             apply_edit(model, run, new, edit, slot, cfg)
             out[policy] = ModeRows(run.rows, run.recomputed, run.signal_tokens,
                                    next(iter(run.choices), None), run.signals[0] if run.signals else None)
+    n = len(new)
     for m in modes:
+        size = int(m.rsplit("-", 1)[1]) if m.startswith(derived) else 0
         if m.startswith("repair-"):
-            out[m] = repaired(model, out["amortize"], new, edit.new_end, int(m.split("-")[1]))
+            out[m] = repaired(model, out["amortize"], new, edit.new_end, size)
+        elif m.startswith("dependent-"):
+            if turn_ends is None:
+                raise ValueError(f"{m} needs the ends of the assistant turns after the edit")
+            end = turn_ends[size - 1] if len(turn_ends) >= size else n
+            out[m] = repaired(model, out["amortize"], new, edit.new_end, end - edit.new_end)
+        elif m.startswith("tail-"):
+            start = max(edit.new_end, n - size)
+            out[m] = repaired(model, out["amortize"], new, start, n - start)
+        elif m.startswith("chunked-"):
+            out[m] = ModeRows(chunked_prefill(model, new, size), n)
     return {m: out[m] for m in [EXACT, *modes]}
 
 
 def repaired(model, amortized: ModeRows, new: list[int], start: int, window: int) -> ModeRows:
-    """``amortized`` with the rows ``[start, start + window)`` recomputed on the (exact) rows before them."""
+    """``amortized`` with the rows ``[start, start + window)`` recomputed on its rows before them (exact ones
+    where ``start`` is the edit's end: repair, dependent; stale ones for tail)."""
     end = min(len(new), start + window)
     if end <= start:
         return amortized
     rows = amortized.rows
     _, fresh = prefill(model, new[start:end], start, take(rows, 0, start), keep=1)
     return ModeRows(cat(take(rows, 0, start), fresh, take(rows, end, length(rows))), amortized.recomputed + end - start)
+
+
+def chunked_prefill(model, ids: list[int], chunk: int) -> Rows:
+    """The rows of ``ids`` prefilled ``chunk`` tokens at a time, each chunk over the rows before it."""
+    rows: Rows = []
+    for a in range(0, len(ids), chunk):
+        rows = cat(rows, prefill(model, ids[a:a + chunk], a, rows, keep=1)[1])
+    return rows
 
 
 @torch.no_grad()
