@@ -6,6 +6,12 @@ vLLM's ``--api-key`` (or ``VLLM_API_KEY``) guards only the paths under its own p
 here, as vLLM compares them (constant time), and answer 401 in Leyline's error body. ``/healthz`` stays
 open, as vLLM's ``/health`` does. There are no tenants on ``vllm serve``: any of its keys is the one
 caller.
+
+Anthropic's clients send the key as ``x-api-key``, which vLLM's check does not read. On the Messages
+paths (``/v1/messages...``) :class:`AnthropicKeys` checks it (or a Bearer key), answers a wrong or
+missing one with a 401 in Anthropic's shape, and passes a right one on as ``Authorization: Bearer``,
+so vLLM's own check lets it through. It must run outside vLLM's check, which vLLM adds after the
+plugins' routes (``build_app``): the plugin adds it once the app is built (``init_state``).
 """
 
 from __future__ import annotations
@@ -16,7 +22,10 @@ import os
 from typing import Annotated, Any
 
 from fastapi import Depends, Request
+from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.datastructures import Headers
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from leyline_sdk.errors import Unauthorized
 
@@ -38,6 +47,37 @@ def require_api_key(request: Request,
         return
     if credentials is None:
         raise Unauthorized("missing API key: send 'Authorization: Bearer <key>' (the key vllm serve was started with)")
-    sent = hashlib.sha256(credentials.credentials.encode()).digest()
-    if not any(hmac.compare_digest(sent, key) for key in keys):
+    if not key_matches(credentials.credentials, keys):
         raise Unauthorized("invalid API key")
+
+
+def key_matches(sent: str, keys: list[bytes]) -> bool:
+    digest = hashlib.sha256(sent.encode()).digest()
+    return any(hmac.compare_digest(digest, key) for key in keys)
+
+
+MESSAGES_PREFIX = "/v1/messages"
+
+
+class AnthropicKeys:
+    """ASGI middleware: the key of a Messages request, from ``x-api-key`` or a Bearer token (see the module
+    docstring); ``keys``: :func:`served_keys`, non-empty."""
+
+    def __init__(self, app: ASGIApp, keys: list[bytes]) -> None:
+        self.app, self.keys = app, keys
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope["path"].removeprefix(scope.get("root_path", "")) if scope["type"] == "http" else ""
+        if not path.startswith(MESSAGES_PREFIX) or scope.get("method") == "OPTIONS":
+            return await self.app(scope, receive, send)
+        headers = Headers(scope=scope)
+        scheme, _, bearer = headers.get("authorization", "").partition(" ")
+        sent = headers.get("x-api-key") or (bearer if scheme.lower() == "bearer" else "")
+        if not sent or not key_matches(sent, self.keys):
+            message = "invalid API key" if sent else "missing API key: send 'x-api-key: <key>' or " \
+                "'Authorization: Bearer <key>' (the key vllm serve was started with)"
+            body = {"type": "error", "error": {"type": "authentication_error", "message": message}}
+            return await JSONResponse(body, status_code=401)(scope, receive, send)
+        raw = [(k, v) for k, v in scope["headers"] if k.lower() not in (b"authorization", b"x-api-key")]
+        scope = {**scope, "headers": [*raw, (b"authorization", f"Bearer {sent}".encode())]}
+        await self.app(scope, receive, send)

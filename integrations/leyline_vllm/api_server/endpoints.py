@@ -8,14 +8,17 @@ torch-free, served here by :class:`VllmSessions`), so
 bound to a session (``session_id`` in the body or ``X-Leyline-Session``): the bundled
 runtime's own bound chat too (``leyline_runtime.api.chat``: the request, its checks, the
 turn's plan, the response and its ``leyline`` report), served here by :class:`VllmChat`,
-which runs the planned edits and the reply as one pass through vLLM. A chat request
-without a session goes to vLLM's own handler unchanged.
+which runs the planned edits and the reply as one pass through vLLM, with
+``context_management``'s edits made first (``leyline_runtime.api.context_edits``: the newly
+cleared spans become the turn's directives). A chat request without a session goes to vLLM's
+own handler unchanged. Anthropic's ``/v1/messages`` is the same turn (:mod:`.messages`).
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import logging
 import os
 from collections.abc import Callable
 from typing import Any
@@ -25,11 +28,13 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response, StreamingResponse
 from fastapi.routing import APIRoute
 from pydantic import ValidationError
+from starlette.middleware import Middleware
 
 from leyline_runtime.api.chat import bound_chat, bound_session, parse_chat_request, read_json
 from leyline_runtime.api.chat_prompt import generate_request, prompt_messages
 from leyline_runtime.api.chat_request import ChatCompletionRequest
 from leyline_runtime.api.chat_turn import ChatTurn
+from leyline_runtime.api.context_edits import apply_edits
 from leyline_runtime.api.errors import LeylineErrorRoute, install_method_not_allowed
 from leyline_runtime.api.openai_errors import OpenAIKnownErrorsRoute
 from leyline_runtime.api.openapi import install_openapi, refuse_fields
@@ -50,12 +55,15 @@ from leyline_sdk.protocol import (
 )
 from leyline_sdk.tools_prompt import TOOL_CALL
 
-from .auth import require_api_key, served_keys
+from .auth import AnthropicKeys, require_api_key, served_keys
 from .auto_edits import AutoRule, auto_config_from_env
+from .messages import build_messages_router
 from .metrics import register_collector
 from .service import LeylineService
 from .sampling import refused_sampling
 from .template import ChatRenderer
+
+log = logging.getLogger("leyline.vllm")
 
 # Exposes a session's saved KV rows over HTTP: for the plugin's own tests and diagnostics only.
 DEBUG_ROUTES_ENV = "LEYLINE_VLLM_DEBUG_ROUTES"
@@ -128,7 +136,6 @@ REFUSED = {
     "frequency_penalty": "not passed on to vLLM here",
     "presence_penalty": "not passed on to vLLM here",
     "logit_bias": "not passed on to vLLM here",
-    "context_management": "the server-side history edits are the bundled runtime's",
 }
 
 
@@ -148,14 +155,22 @@ class VllmChat:
             # the tools stay in the prompt (toggling keeps the history cached); with no grammar here, a
             # call the model starts ends the reply instead
             sampling = sampling.model_copy(update={"stop": [*sampling.stop_strings(), TOOL_CALL]})
-        return await self.service.chat(session_id, prompt_messages(body), body.edit_mode, sampling)
+        # the edited history is what the session holds: each newly cleared result is one of the turn's directives
+        messages, edits = apply_edits(body.context_management, prompt_messages(body), self.service.renderer)
+        turn = await self.service.chat(session_id, messages, body.edit_mode, sampling)
+        turn.applied_edits = edits
+        return turn
 
 
 def _one_tenant() -> str:
     return "default"
 
 
-def build_router(original_chat: APIRoute | None) -> APIRouter:
+# vLLM's own routes that a request without a session goes to (the plugin's replace them on their paths)
+SHARED_PATHS = ("/v1/chat/completions", "/v1/messages", "/v1/messages/count_tokens")
+
+
+def build_router(original: dict[str, APIRoute]) -> APIRouter:
     """The shared session routes (leyline_runtime.api.sessions) and the plugin's own: health, chat."""
     router = APIRouter(tags=["leyline"], route_class=LeylineErrorRoute)
     keyed = [Depends(require_api_key)]  # vLLM's own key check leaves paths outside /v1 open (.auth)
@@ -176,7 +191,8 @@ def build_router(original_chat: APIRoute | None) -> APIRouter:
         support = getattr(request.app.state, "leyline_support", None) or {}
         return {"status": "ok", "model": _service(request).model_name, "splice": support}
 
-    router.include_router(_chat_router(original_chat))
+    router.include_router(_chat_router(original.get("/v1/chat/completions")))
+    router.include_router(build_messages_router(VllmChat, original))
     return router
 
 
@@ -229,9 +245,13 @@ class LeylineEndpoints:
     name = "leyline"
     required_tasks = ("generate",)
 
+    def __init__(self) -> None:
+        self.app: FastAPI | None = None
+
     def attach_router(self, app: FastAPI) -> None:
-        original = next((r for r in app.routes if isinstance(r, APIRoute) and r.path == "/v1/chat/completions"
-                         and "POST" in r.methods), None)
+        self.app = app
+        original = {r.path: r for r in app.routes if isinstance(r, APIRoute) and r.path in SHARED_PATHS
+                    and "POST" in r.methods}
         router = build_router(original)
         app.include_router(router)
         # vLLM's document, with the session models' rules in words its schema can carry (as the bundled
@@ -241,6 +261,7 @@ class LeylineEndpoints:
 
     async def init_state(self, engine_client, state, args) -> None:
         state.leyline_api_keys = served_keys(args)
+        self._accept_anthropic_keys(state.leyline_api_keys)
         if engine_client is None:
             return
         config = engine_client.vllm_config
@@ -256,6 +277,20 @@ class LeylineEndpoints:
             refused_sampling=refused_sampling(config))
         state.leyline_support = support
         register_collector(state.leyline)
+
+
+    def _accept_anthropic_keys(self, keys: list[bytes]) -> None:
+        """``x-api-key`` on the Messages paths (:class:`.auth.AnthropicKeys`), outermost: vLLM adds its key check
+        after the plugins' routes, and ``build_app`` already built the middleware stack (SageMaker's loader
+        rebuilds it), so it is put first and the stack rebuilt as that loader does, before the server runs."""
+        if not keys or self.app is None:
+            return
+        try:
+            self.app.user_middleware.insert(0, Middleware(AnthropicKeys, keys=keys))
+            if self.app.middleware_stack is not None:
+                self.app.middleware_stack = self.app.build_middleware_stack()
+        except Exception as exc:  # noqa: BLE001 - never stop the server: Bearer keys still work there
+            log.warning("leyline: /v1/messages takes the key as Bearer only, not x-api-key (%s)", exc)
 
 
 async def splice_support(engine_client) -> dict:

@@ -28,6 +28,7 @@ class EngineResult:
     report: LoadReport  # all zero for a request without a row plan
     logprobs: list | None  # vLLM's per-token {token_id: Logprob}
     planned: bool = True  # the request carried a row plan (the connector reports on it)
+    stop_reason: str | int | None = None  # vLLM's: the stop string (or stop token id) that ended the reply
 
     @property
     def computed(self) -> int:
@@ -69,4 +70,4 @@ async def run_prompt(engine_client, prompt_ids: list[int], sampling: dict, kv_pa
         token_ids=list(completion.token_ids), text=completion.text, finish_reason=completion.finish_reason,
         prompt_len=len(prompt_ids), num_cached_tokens=cached,
         report=_report(final, completion, kv_params, len(prompt_ids), cached), logprobs=completion.logprobs,
-        planned=bool(kv_params))
+        planned=bool(kv_params), stop_reason=completion.stop_reason)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import secrets
 import time
 import uuid
+from dataclasses import dataclass
 
 from leyline_runtime.api.chat_turn import ChatTurn, plan_chat_turn
 from leyline_runtime.auto_rule import AutoConfig, DriftState
@@ -48,6 +49,14 @@ from .session import VllmSession
 from .template import ChatRenderer
 
 REBUILT_VERSION_RANGE = 2**31  # where a rebuilt session's versions start (see create)
+
+
+@dataclass
+class VllmTurn(ChatTurn):
+    """A chat turn on vLLM, with the stop string that ended its reply (vLLM's ``stop_reason``; None: none
+    did): the Messages API names the stop sequence, and vLLM's text leaves it out."""
+
+    stop_string: str | None = None
 
 
 class LeylineService:
@@ -137,7 +146,7 @@ class LeylineService:
             check_version(session.session_id, session.version, batch.expected_version)
             return await self._apply(session, batch)
 
-    async def chat(self, sid: str, messages: list[Message], mode: Mode, sampling: GenerateRequest) -> ChatTurn:
+    async def chat(self, sid: str, messages: list[Message], mode: Mode, sampling: GenerateRequest) -> VllmTurn:
         """A session-bound chat turn, planned by the rules every engine shares (:func:`plan_chat_turn`): a
         session this replica does not hold is built from the request, one it holds is edited (one batch)
         or, past the batch limit, built afresh; then the reply is generated.
@@ -163,8 +172,10 @@ class LeylineService:
                     batch = DirectiveBatch(session_id=sid, directives=plan.directives)
                     self.stats.directives += len(plan.directives)
             body = sampling.model_copy(update={"messages": plan.appended})
-            response, _, outcomes = await self._generate(session, body, edits=batch)
-        return ChatTurn(response, plan, start_version=start_version, outcomes=outcomes)
+            response, sync, outcomes = await self._generate(session, body, edits=batch)
+        stop = sync.last.stop_reason
+        return VllmTurn(response, plan, start_version=start_version, outcomes=outcomes,
+                        stop_string=stop if isinstance(stop, str) else None)
 
     async def _reset(self, session: VllmSession) -> None:
         """Empty the session (its saved rows dropped); the caller holds its lock."""

@@ -79,6 +79,12 @@ class ChatRenderer:
             bounds.append(end)
         return ids, bounds
 
+    def encode_messages(self, messages: list[Message]) -> list[list[int]]:
+        """Each message's tokens in the rendered history (what ``context_management``'s edits count:
+        :class:`leyline_runtime.api.context_edits.MessageTokens`)."""
+        ids, ends = self.encode(messages, bounds_at=range(1, len(messages) + 1))
+        return [ids[a:b] for a, b in zip([0, *ends[:-1]], ends)]
+
     def segments(self, messages: list[Message]) -> list[tuple[int, int]]:
         """Token range of every message: where the rendered text of each prefix of the history ends."""
         _, ends = self.encode(messages, bounds_at=range(1, len(messages) + 1))
