@@ -6,7 +6,8 @@ The Messages API is not a second chat turn: :func:`chat_request` rewrites a requ
 session binding, the directives, the constrained decoding and ``context_management`` are the chat
 route's own. The translation:
 
-* ``system`` (a string or text blocks) is the first message, with the role ``system``;
+* ``system`` (a string or text blocks) is the first message, with the role ``system``; a message of the
+  role ``system`` (Claude Code's mid-conversation system turns) stays a system message where it is;
 * a ``text`` block is text; a message's text blocks are joined by a newline;
 * a ``tool_use`` block is a tool call whose arguments are ``json.dumps(input)``;
 * a ``tool_result`` block is a ``tool`` message answering its ``tool_use_id``, before the user's
@@ -17,7 +18,13 @@ route's own. The translation:
 * ``tools`` become function tools (``input_schema`` as their parameters), and ``tool_choice``
   ``auto``/``any``/``tool``/``none`` becomes ``auto``/``required``/a named tool/``none``, decoded
   under the same grammar; ``disable_parallel_tool_use`` is ``parallel_tool_calls: false``;
-* ``stop_sequences``, ``temperature``, ``top_p``, ``top_k`` and ``max_tokens`` keep their meaning;
+* ``stop_sequences``, ``temperature``, ``top_p``, ``top_k`` and ``max_tokens`` keep their meaning; a
+  ``max_tokens`` over the server's :data:`MAX_NEW_TOKENS` is cut to it (the reply then ends with
+  ``stop_reason: max_tokens`` there);
+* a tool with ``defer_loading`` stays out of the prompt and the grammar (Anthropic loads a deferred
+  tool when its tool search finds it; nothing searches here);
+* ``thinking`` and ``output_config.effort`` are accepted and change nothing: the served model writes no
+  thinking blocks and has no effort levels;
 * ``cache_control``, ``service_tier`` and ``citations`` are accepted and change nothing (Leyline's
   cache follows the session, not a marker); ``metadata.user_id`` narrows which held session a request
   without a session id may continue (:mod:`.continuation`);
@@ -46,6 +53,7 @@ from .chat_request import (
     ContextManagement,
 )
 
+MAX_CLIENT_TOKENS = 1 << 20  # the largest max_tokens taken (and cut to MAX_NEW_TOKENS)
 TOOL_ERROR_PREFIX = "Error: "  # a tool_result with is_error: true
 TOOL_NAME_PATTERN = r"^[a-zA-Z0-9_-]{1,128}$"  # Anthropic's rule for a tool's name
 
@@ -95,7 +103,8 @@ ContentBlock = Annotated[TextBlock | ThinkingBlock | RedactedThinkingBlock | Too
 class MessageParam(JsonModel):
     model_config = ConfigDict(extra="forbid")
 
-    role: Literal["user", "assistant"]
+    # system: a mid-conversation system turn (Claude Code sends them: "mid-conversation-tool-changes")
+    role: Literal["user", "assistant", "system"]
     content: str | Annotated[list[ContentBlock], Field(min_length=1)]
 
     @field_validator("content", mode="before")
@@ -111,9 +120,12 @@ class MessageParam(JsonModel):
 
     @model_validator(mode="after")
     def _blocks_fit_the_role(self) -> MessageParam:
-        misplaced = "tool_result" if self.role == "assistant" else "tool_use"
-        if not isinstance(self.content, str) and any(b.type == misplaced for b in self.content):
-            raise ValueError(f"a {misplaced} block cannot be in a {self.role} message")
+        misplaced = {"assistant": ("tool_result",), "user": ("tool_use",),
+                     "system": ("tool_use", "tool_result")}[self.role]
+        found = next((b.type for b in self.content if b.type in misplaced), None) \
+            if not isinstance(self.content, str) else None
+        if found:
+            raise ValueError(f"a {found} block cannot be in a {self.role} message")
         return self
 
 
@@ -125,6 +137,8 @@ class ToolParam(JsonModel):
     input_schema: dict[str, Any]
     type: Literal["custom"] | None = None
     cache_control: dict[str, Any] | None = Field(default=None, description="Accepted; not used")
+    defer_loading: StrictBool = Field(default=False, description="A deferred tool stays out of the prompt "
+                                      "(Anthropic loads one when its tool search finds it; nothing searches here)")
 
 
 class ToolChoiceAuto(JsonModel):
@@ -179,6 +193,24 @@ class Metadata(JsonModel):
                                             "continue to this user's (leyline_runtime.api.continuation)")
 
 
+class ThinkingConfig(JsonModel):
+    """Anthropic's ``thinking``: accepted; the served model writes no thinking blocks, so none are sent."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["enabled", "disabled", "adaptive"]
+    budget_tokens: int | None = Field(default=None, ge=1)
+    display: Literal["summarized", "omitted"] | None = None
+
+
+class OutputConfig(JsonModel):
+    """Anthropic's ``output_config``: ``effort`` accepted and not used (a model without effort levels)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    effort: Literal["low", "medium", "high", "max"] | None = None
+
+
 class MessagesPrompt(JsonModel):
     """What a prompt is made of: the body of ``/v1/messages/count_tokens``, and the core of ``/v1/messages``."""
 
@@ -190,22 +222,26 @@ class MessagesPrompt(JsonModel):
     tools: list[ToolParam] | None = Field(default=None, max_length=128)
     tool_choice: ToolChoiceParam | None = None
     context_management: MessagesContextManagement | None = None
+    thinking: ThinkingConfig | None = None
 
     @model_validator(mode="after")
     def _tool_choice_has_tools(self) -> MessagesPrompt:
         names = [t.name for t in self.tools or []]
         if len(set(names)) != len(names):
             raise ValueError("tools: two tools share a name")
+        names = [t.name for t in self.tools or [] if not t.defer_loading]
         choice = self.tool_choice
         if isinstance(choice, ToolChoiceTool) and choice.name not in names:
-            raise ValueError(f"tool_choice names {choice.name!r}, which is not in tools")
+            raise ValueError(f"tool_choice names {choice.name!r}, which is not in tools (or is deferred)")
         if isinstance(choice, ToolChoiceAny) and not names:
             raise ValueError("tool_choice 'any' needs tools")
         return self
 
 
 class MessagesRequest(MessagesPrompt):
-    max_tokens: int = Field(ge=1, le=MAX_NEW_TOKENS)
+    # any bound: a reply is cut at the server's own MAX_NEW_TOKENS (Claude Code asks 32000 of a model it does
+    # not know), ending with stop_reason max_tokens as at the client's own bound
+    max_tokens: int = Field(ge=1, le=MAX_CLIENT_TOKENS)
     stop_sequences: list[str] | None = Field(default=None, max_length=MAX_STOP_STRINGS)
     stream: StrictBool = False
     temperature: float | None = Field(default=None, ge=0.0, le=1.0)
@@ -214,6 +250,7 @@ class MessagesRequest(MessagesPrompt):
     metadata: Metadata | None = None
     service_tier: Literal["auto", "standard_only"] | None = Field(default=None, description="Accepted; not used")
     cache_control: dict[str, Any] | None = Field(default=None, description="Accepted; not used")
+    output_config: OutputConfig | None = None
 
 
 def chat_request(body: MessagesPrompt) -> ChatCompletionRequest:
@@ -222,10 +259,11 @@ def chat_request(body: MessagesPrompt) -> ChatCompletionRequest:
         "model": body.model,
         "messages": _system(body.system) + [m for message in body.messages for m in _chat_messages(message)],
     }
-    if body.tools:
+    tools = [t for t in body.tools or [] if not t.defer_loading]
+    if tools:
         fields["tools"] = [{"type": "function", "function": {
             "name": t.name, "parameters": t.input_schema,
-            **({"description": t.description} if t.description is not None else {})}} for t in body.tools]
+            **({"description": t.description} if t.description is not None else {})}} for t in tools]
     choice = body.tool_choice
     if choice is not None:
         fields["tool_choice"] = ({"type": "function", "function": {"name": choice.name}}
@@ -238,7 +276,7 @@ def chat_request(body: MessagesPrompt) -> ChatCompletionRequest:
     if edits:
         fields["context_management"] = ContextManagement(edits=edits)
     if isinstance(body, MessagesRequest):
-        fields.update(max_tokens=body.max_tokens, stream=body.stream, temperature=body.temperature,
+        fields.update(max_tokens=min(body.max_tokens, MAX_NEW_TOKENS), stream=body.stream, temperature=body.temperature,
                       top_p=body.top_p, top_k=body.top_k, stop=[s for s in body.stop_sequences or [] if s] or None)
     return ChatCompletionRequest.model_validate(fields)
 
@@ -264,6 +302,8 @@ def sent_back(content: list[dict[str, Any]]) -> Message:
 def _chat_messages(message: MessageParam) -> list[Message]:
     if isinstance(message.content, str):
         return [Message(role=message.role, content=message.content)]
+    if message.role == "system":
+        return [Message(role="system", content=_text([b for b in message.content if isinstance(b, TextBlock)]))]
     if message.role == "assistant":
         texts = [b for b in message.content if isinstance(b, TextBlock)]
         calls = [ToolCall(id=b.id, function=FunctionCall(name=b.name, arguments=json.dumps(b.input)))
