@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -70,7 +71,7 @@ def build_messages_router(chat: Backend, original: dict[str, APIRoute]) -> APIRo
         check_request(chat_body, backend.served_model, {k: v for k, v in backend.refused.items() if k != "stream"})
         turn: VllmTurn = await backend.bound_turn(request, session_id, chat_body, "default")
         stop = turn.stop_string if turn.stop_string in stop_strings(chat_body) else None
-        answered = MessagesTurn(turn, stop)
+        answered = MessagesTurn(_object_inputs(turn), stop)
         msg_id = message_id()
         if not body.stream:
             return message_reply(answered, msg_id, backend.served_model)
@@ -113,6 +114,27 @@ def _parse(model: type[BaseModel], data: Any) -> Any:
     except ValidationError as exc:
         raise RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in exc.errors(include_url=False)]) \
             from exc
+
+
+def _object_inputs(turn: VllmTurn) -> VllmTurn:
+    """The turn with each tool call's arguments a JSON object, as a ``tool_use`` block's ``input`` must be:
+    nothing constrains them on vLLM, so a call whose arguments are not one has them under ``arguments``
+    (the session keeps the call as generated; the client's copy then differs, and is one more edit)."""
+    message = turn.response.message
+    calls = []
+    for call in message.tool_calls or []:
+        try:
+            value = json.loads(call.function.arguments or "{}")
+        except ValueError:
+            value = call.function.arguments
+        if not isinstance(value, dict):
+            call = call.model_copy(update={"function": call.function.model_copy(
+                update={"arguments": json.dumps({"arguments": value}, ensure_ascii=False)})})
+        calls.append(call)
+    if calls == list(message.tool_calls or []):
+        return turn
+    response = turn.response.model_copy(update={"message": message.model_copy(update={"tool_calls": calls})})
+    return replace(turn, response=response)
 
 
 def _frames(events: list[dict[str, Any]]) -> Iterator[str]:
