@@ -24,6 +24,7 @@ otherwise prefill everything again:
   continuing the same history meanwhile (a client's parallel calls) gets a session of its own instead
   of editing the first's under it; :meth:`ContinuationIndex.record` puts the new key in after the turn,
   :meth:`ContinuationIndex.restore` the old one back when the turn failed.
+  :meth:`ContinuationIndex.continuing` is the three around one turn, for a sync or an async caller.
 * **A miss** (a first call, a history the client edited itself, a session this server never held or
   forgot after a restart): a new session, built from the request. Nothing is wrong; only the prompt is
   computed again. A hit on a session the cache evicted meanwhile is rebuilt under the same id
@@ -36,6 +37,8 @@ import hashlib
 import threading
 import uuid
 from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from leyline_sdk.protocol import Message
@@ -62,6 +65,15 @@ class Claim:
     session_id: str
     key: bytes
     matched: int  # the request's leading messages the session's history covers
+
+
+@dataclass
+class Continuation:
+    """One request's binding (:meth:`ContinuationIndex.continuing`): the session it runs on, and the reply
+    as its client will send it back, once the turn has one."""
+
+    session_id: str
+    reply: Message | None = None
 
 
 def _message_bytes(message: Message) -> bytes:
@@ -100,6 +112,21 @@ class ContinuationIndex:
                 if session_id is not None:
                     return Claim(session_id, keys[matched - 1], matched)
         return None
+
+    @contextmanager
+    def continuing(self, scope: Scope, history: list[Message]) -> Iterator[Continuation]:
+        """Run one turn on the held session ``history`` continues, or on a new one: the block runs it on
+        ``session_id`` and sets ``reply``; then the session is found by ``history`` and that reply. A block
+        that raises, or sets no reply, puts a claimed session back under its old key."""
+        claim = self.claim(scope, history)
+        bound = Continuation(claim.session_id if claim else new_session_id())
+        try:
+            yield bound
+        finally:
+            if bound.reply is not None:
+                self.record(scope, [*history, bound.reply], bound.session_id)
+            elif claim is not None:
+                self.restore(claim)
 
     def record(self, scope: Scope, history: list[Message], session_id: str) -> None:
         """``session_id`` now holds ``history`` (the request's messages and the reply, as the client will

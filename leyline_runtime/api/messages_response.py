@@ -20,9 +20,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from leyline_sdk.protocol import Message
+
 from .chat_response import ContextManagementReport, LeylineReport, context_report, report
 from .chat_turn import ChatTurn
 from .messages_errors import anthropic_error_body
+from .messages_request import sent_back
 
 StopReason = Literal["end_turn", "max_tokens", "stop_sequence", "tool_use"]
 
@@ -103,6 +106,11 @@ def reply_content(turn: ChatTurn) -> list[TextContent | ToolUseContent]:
     """The reply's blocks: a text block when it has text, then one ``tool_use`` block per call."""
     text = turn.response.message.content
     return [*([TextContent(text=text)] if text else []), *tool_uses(turn)]
+
+
+def reply_sent_back(turn: ChatTurn) -> Message:
+    """The reply as the assistant message the client's next request carries (it sends the blocks back)."""
+    return sent_back([block.model_dump() for block in reply_content(turn)])
 
 
 def message_reply(answered: MessagesTurn, msg_id: str, model: str) -> MessageReply:

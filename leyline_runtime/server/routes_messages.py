@@ -26,11 +26,11 @@ from leyline_sdk.protocol import MAX_ID_LENGTH, SESSION_ID_PATTERN, SESSION_ID_R
 from ..api.chat import bound_session, check_request
 from ..api.chat_prompt import prompt_messages, stop_strings
 from ..api.chat_request import ChatCompletionRequest
-from ..api.continuation import ContinuationIndex, Scope, new_session_id
+from ..api.continuation import ContinuationIndex, Scope
 from ..api.errors import SESSION_HEADER
 from ..api.json_body import OrjsonRoute
 from ..api.messages_errors import AnthropicRoute, anthropic_error_responses
-from ..api.messages_request import MessagesPrompt, MessagesRequest, chat_request, sent_back
+from ..api.messages_request import MessagesPrompt, MessagesRequest, chat_request
 from ..api.messages_response import (
     MessageReply,
     MessagesStreamShape,
@@ -38,7 +38,7 @@ from ..api.messages_response import (
     TokenCount,
     message_id,
     message_reply,
-    reply_content,
+    reply_sent_back,
 )
 from ..api.sse_schema import sse_content
 from ..runtime import Runtime
@@ -118,19 +118,11 @@ def _bound(run: Turn, session_id: str) -> Callable[[OnToken | None], MessagesTur
 
 def _continued(run: Turn, index: ContinuationIndex, scope: Scope,
                history: list[Message]) -> Callable[[OnToken | None], MessagesTurn]:
-    """``run`` bound to the held session ``history`` continues in ``scope``, or to a new one (a miss);
-    the session is recorded under the history and the reply as the client will send them back."""
+    """``run`` on the held session ``history`` continues in ``scope``, or on a new one (a miss)."""
     def run_continued(on_token: OnToken | None = None) -> MessagesTurn:  # in a worker thread
-        claim = index.claim(scope, history)
-        session_id = claim.session_id if claim else new_session_id()
-        try:
-            answered = run(session_id, on_token)
-        except BaseException:
-            if claim is not None:
-                index.restore(claim)
-            raise
-        reply = sent_back([block.model_dump() for block in reply_content(answered.turn)])
-        index.record(scope, [*history, reply], session_id)
+        with index.continuing(scope, history) as bound:
+            answered = run(bound.session_id, on_token)
+            bound.reply = reply_sent_back(answered.turn)
         return answered
     return run_continued
 

@@ -62,3 +62,20 @@ def test_the_least_recently_recorded_is_forgotten_past_capacity():
         index.record(ALICE, msgs(name), name)
     assert len(index) == 2 and index.claim(ALICE, msgs("s1", "a")) is None
     assert index.claim(ALICE, msgs("s3", "a")).session_id == "s3"
+
+
+def test_continuing_records_the_reply_and_puts_a_failed_turns_session_back():
+    index = ContinuationIndex()
+    with index.continuing(ALICE, msgs("q1")) as first:  # a miss: a new session
+        first.reply = msgs("", "a1")[1]
+    assert first.session_id.startswith("continued_")
+    try:
+        with index.continuing(ALICE, msgs("q1", "a1", "q2")) as failed:
+            assert failed.session_id == first.session_id
+            raise RuntimeError("the turn failed")
+    except RuntimeError:
+        pass
+    with index.continuing(ALICE, msgs("q1", "a1", "q2")) as second:  # found again, by its old history
+        assert second.session_id == first.session_id
+        second.reply = msgs("", "a2")[1]
+    assert index.claim(ALICE, msgs("q1", "a1", "q2", "a2", "q3")).session_id == first.session_id
