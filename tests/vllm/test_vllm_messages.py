@@ -63,8 +63,9 @@ def test_a_bound_message_and_its_next_turn_reuse_the_session(base_url, block):
     tag, sid = _tag(), f"msg-{_tag()}"
     client = _client(base_url, sid)
     history = [{"role": "user", "content": f"[{tag}] The Loire runs past Orleans, Blois and Tours to Nantes."}]
-    first = client.messages.create(model=SERVED_MODEL_NAME, max_tokens=8, **GREEDY, messages=history,
-                                   system=f"You keep short notes about rivers [{tag}].")
+    # a system prompt of some blocks: rows are reused in whole blocks
+    system = f"You keep short notes about rivers [{tag}]: " + "their towns, bridges, tributaries and floods; " * 8
+    first = client.messages.create(model=SERVED_MODEL_NAME, max_tokens=8, **GREEDY, messages=history, system=system)
     report = first.model_extra["leyline"]
     assert first.role == "assistant" and first.stop_reason in ("end_turn", "max_tokens"), first
     assert report["session_id"] == sid and report["built"] and first.usage.input_tokens == 0  # kept: a session
@@ -75,7 +76,7 @@ def test_a_bound_message_and_its_next_turn_reuse_the_session(base_url, block):
 
     history += [{"role": "assistant", "content": [b.model_dump() for b in first.content] or "..."},
                 {"role": "user", "content": f"[{tag}] Which town is furthest downstream?"}]
-    ask = dict(model=SERVED_MODEL_NAME, messages=history, system=f"You keep short notes about rivers [{tag}].")
+    ask = dict(model=SERVED_MODEL_NAME, messages=history, system=system)
     count = client.messages.count_tokens(**ask)
     second = client.messages.create(max_tokens=8, **GREEDY, **ask)
     report = second.model_extra["leyline"]
