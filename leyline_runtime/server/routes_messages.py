@@ -59,6 +59,10 @@ router = APIRouter(prefix="/v1", tags=["anthropic"], route_class=_Route)
 
 _bearer = HTTPBearer(auto_error=False, description="An API key, when the server was started with keys")
 _api_key = APIKeyHeader(name="x-api-key", auto_error=False, description="An API key (Anthropic's header)")
+_BINDING = (f"With `{SESSION_HEADER}`, the turn runs on that session. Without it, on the held session whose "
+            "history (as the client sends it, and the reply it got) the request's messages start with, among this "
+            "API key's sessions and `metadata.user_id`'s when given; none: a new session. Either way the reply's "
+            "`leyline.session_id` names it.")
 Turn = Callable[[str | None, OnToken | None], MessagesTurn]  # a Messages turn on the session named
 _STREAM_DOC = sse_content('event: message_start\ndata: {"type": "message_start", ...}\n\n')
 
@@ -130,7 +134,8 @@ def _continued(run: Turn, index: ContinuationIndex, scope: Scope,
 @router.post("/messages", response_model=MessageReply,
              responses={200: {"content": _STREAM_DOC, "description": "A message, or Anthropic's SSE events when "
                               "`stream` is true"}, **anthropic_error_responses()},
-             summary="Anthropic Messages; with a session, history edits become directives")
+             summary="Anthropic Messages; history edits become directives on the session",
+             description=_BINDING)
 async def create_message(body: MessagesRequest, request: Request, tenant: Tenant,
                          anthropic_version: AnthropicVersion = None, anthropic_beta: AnthropicBeta = None,
                          x_leyline_session: SessionHeader = None) -> MessageReply | StreamingResponse:

@@ -183,8 +183,14 @@ def test_errors_arrive_as_the_sdks_exceptions(server, client):  # noqa: F811
 
 def test_the_routes_are_in_the_openapi_document(server):  # noqa: F811
     url, _ = server
-    paths = httpx.get(f"{url}/openapi.json").json()["paths"]
-    create_op = paths["/v1/messages"]["post"]
-    assert create_op["requestBody"]["content"]["application/json"]["schema"]["$ref"].endswith("MessagesRequest")
-    assert {"200", "400", "401", "404"} <= set(create_op["responses"])
-    assert "/v1/messages/count_tokens" in paths
+    doc = httpx.get(f"{url}/openapi.json").json()
+    schemes = {name: s.get("name") for name, s in doc["components"]["securitySchemes"].items()}
+    for path, body in (("/v1/messages", "MessagesRequest"), ("/v1/messages/count_tokens", "MessagesPrompt")):
+        op = doc["paths"][path]["post"]
+        assert op["requestBody"]["content"]["application/json"]["schema"]["$ref"].endswith(body)
+        assert {"200", "400", "401", "404", "413"} <= set(op["responses"])
+        # the key as Anthropic's clients send it, or as a Bearer token
+        assert {schemes[name] for req in op["security"] for name in req} == {None, "x-api-key"}
+    create_op = doc["paths"]["/v1/messages"]["post"]
+    assert SESSION_HEADER in [p["name"] for p in create_op["parameters"]]
+    assert "held session whose history" in create_op["description"]  # the binding without the header
