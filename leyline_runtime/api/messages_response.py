@@ -126,15 +126,16 @@ class MessagesStreamShape:
     block per call (its input as one ``input_json_delta``), ``message_delta`` (stop reason, usage) and
     ``message_stop``. Each event is also named by its ``type`` (the SDK dispatches on the name)."""
 
-    terminator = None
-    named_events = True
+    terminator: str | None = None
+    named_events: bool = True
 
     def __init__(self, msg_id: str, model: str):
         self.msg_id, self.model = msg_id, model
 
     def opening(self) -> list[dict[str, Any]]:
-        start = {"id": self.msg_id, "type": "message", "role": "assistant", "content": [], "model": self.model,
-                 "stop_reason": None, "stop_sequence": None, "usage": {"input_tokens": 0, "output_tokens": 0}}
+        start: dict[str, Any] = {"id": self.msg_id, "type": "message", "role": "assistant", "content": [],
+                                 "model": self.model, "stop_reason": None, "stop_sequence": None,
+                                 "usage": {"input_tokens": 0, "output_tokens": 0}}
         return [{"type": "message_start", "message": start},
                 {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
                 {"type": "ping"}]

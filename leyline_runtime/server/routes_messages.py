@@ -117,7 +117,9 @@ def _run(service: ChatService, body: ChatCompletionRequest, tenant: str) -> Turn
 
 
 def _bound(run: Turn, session_id: str) -> Callable[[OnToken | None], MessagesTurn]:
-    return lambda on_token=None: run(session_id, on_token)
+    def run_bound(on_token: OnToken | None = None) -> MessagesTurn:  # in a worker thread
+        return run(session_id, on_token)
+    return run_bound
 
 
 def _continued(run: Turn, index: ContinuationIndex, scope: Scope,
@@ -153,7 +155,7 @@ async def create_message(body: MessagesRequest, request: Request, tenant: Tenant
         run = _continued(turn, request.app.state.continuations, Scope(tenant, user), prompt_messages(chat))
     msg_id = message_id()
     if not body.stream:
-        return message_reply(await run_in_threadpool(run), msg_id, model)
+        return message_reply(await run_in_threadpool(run, None), msg_id, model)
     decoder = DeltaDecoder(service.runtime.tokenizer, stop_strings(chat))
     return await stream_tokens(run, decoder, MessagesStreamShape(msg_id, model),
                                lambda answered: answered.turn.response.message.content)
