@@ -132,3 +132,17 @@ def test_a_named_session_is_never_found_by_its_history(client):
     first = create(client, opening("names"), **bound)
     reply = create(client, [*opening("names"), sent_back(first), {"role": "user", "content": "more"}])
     assert leyline(reply)["built"] and leyline(reply)["session_id"] != "named-not-indexed"
+
+
+def test_a_moved_cache_control_breakpoint_still_continues(client):
+    """Claude Code marks its history's last block with ``cache_control`` and moves the mark each turn:
+    the mark is no part of what renders, so the history still continues the session."""
+    marked = {"type": "ephemeral"}
+    first = create(client, [{"role": "user", "content": [
+        {"type": "text", "text": "Tell me about breakpoints, briefly.", "cache_control": marked}]}])
+    history = [{"role": "user", "content": [{"type": "text", "text": "Tell me about breakpoints, briefly."}]},
+               sent_back(first),
+               {"role": "user", "content": [{"type": "text", "text": "more", "cache_control": marked}]}]
+    second = create(client, history)
+    assert leyline(second)["session_id"] == leyline(first)["session_id"] and not leyline(second)["built"]
+    assert second.usage.cache_read_input_tokens > 0
