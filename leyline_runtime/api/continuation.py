@@ -18,9 +18,10 @@ otherwise prefill everything again:
   sessions (about 2 ms for a 400-message, 460 KB history on a busy 2-core Xeon). The index keeps one
   entry per session (a 32-byte digest and the id), at most :data:`DEFAULT_CAPACITY` (the least
   recently recorded forgotten first).
-* **The scope**: the caller's tenant (its API key), and ``metadata.user_id`` where the client gives
-  one, seed the chain, so a digest of one tenant can never match another's request; and sessions are
-  the tenant's own in the runtime anyway (another tenant's session id names nothing).
+* **The scope**: the caller's tenant (its API key), and what the client says of itself where it says
+  it (``metadata.user_id``; Claude Code's ``x-claude-code-session-id`` header), seed the chain, so a
+  digest of one tenant can never match another's request; and sessions are the tenant's own in the
+  runtime anyway (another tenant's session id names nothing).
 * **One request at a time**: :meth:`ContinuationIndex.claim` takes the entry out, so a second request
   continuing the same history meanwhile (a client's parallel calls) gets a session of its own instead
   of editing the first's under it; :meth:`ContinuationIndex.record` puts the new key in after the turn,
@@ -50,13 +51,15 @@ SESSION_PREFIX = "continued_"  # the ids of sessions this rule creates
 
 @dataclass(frozen=True)
 class Scope:
-    """Who may continue whose sessions: a tenant, narrowed to one user of it when the client names one."""
+    """Who may continue whose sessions: a tenant, narrowed to one user of it and one client session of
+    that user when the client names them."""
 
     tenant: str
     user: str | None = None
+    client_session: str | None = None
 
     def seed(self) -> bytes:
-        return hashlib.sha256(repr((self.tenant, self.user)).encode()).digest()
+        return hashlib.sha256(repr((self.tenant, self.user, self.client_session)).encode()).digest()
 
 
 @dataclass(frozen=True)

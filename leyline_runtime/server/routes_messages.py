@@ -61,8 +61,8 @@ _bearer = HTTPBearer(auto_error=False, description="An API key, when the server 
 _api_key = APIKeyHeader(name="x-api-key", auto_error=False, description="An API key (Anthropic's header)")
 _BINDING = (f"With `{SESSION_HEADER}`, the turn runs on that session. Without it, on the held session whose "
             "history (as the client sends it, and the reply it got) the request's messages start with, among this "
-            "API key's sessions and `metadata.user_id`'s when given; none: a new session. Either way the reply's "
-            "`leyline.session_id` names it.")
+            "API key's sessions, and `metadata.user_id`'s and `x-claude-code-session-id`'s when given; none: a "
+            "new session. Either way the reply's `leyline.session_id` names it.")
 Turn = Callable[[str | None, OnToken | None], MessagesTurn]  # a Messages turn on the session named
 _STREAM_DOC = sse_content('event: message_start\ndata: {"type": "message_start", ...}\n\n')
 
@@ -80,6 +80,10 @@ AnthropicVersion = Annotated[str | None, Header(alias="anthropic-version", max_l
                                                 description="Accepted; any version")]
 AnthropicBeta = Annotated[str | None, Header(alias="anthropic-beta", max_length=1024,
                                              description="Accepted; `context_management` needs no beta here")]
+ClientSession = Annotated[str | None, Header(alias="x-claude-code-session-id", max_length=256,
+                                             description="Claude Code's own session: without "
+                                             f"`{SESSION_HEADER}`, only this client session's held sessions "
+                                             "are continued")]
 SessionHeader = Annotated[str | None, Header(alias=SESSION_HEADER, pattern=SESSION_ID_PATTERN,
                                              max_length=MAX_ID_LENGTH,
                                              description=f"Bind the request to a session: {SESSION_ID_RULE}")]
@@ -140,7 +144,8 @@ def _continued(run: Turn, index: ContinuationIndex, scope: Scope,
              description=_BINDING)
 async def create_message(body: MessagesRequest, request: Request, tenant: Tenant,
                          anthropic_version: AnthropicVersion = None, anthropic_beta: AnthropicBeta = None,
-                         x_leyline_session: SessionHeader = None) -> MessageReply | StreamingResponse:
+                         x_leyline_session: SessionHeader = None,
+                         client_session: ClientSession = None) -> MessageReply | StreamingResponse:
     service: ChatService = request.app.state.chat
     model = service.runtime.config.model_name
     chat = chat_request(body)
@@ -152,7 +157,8 @@ async def create_message(body: MessagesRequest, request: Request, tenant: Tenant
         run = _bound(turn, session_id)
     else:  # no session named: the held one this history continues, or a new one
         user = body.metadata.user_id if body.metadata else None
-        run = _continued(turn, request.app.state.continuations, Scope(tenant, user), prompt_messages(chat))
+        run = _continued(turn, request.app.state.continuations, Scope(tenant, user, client_session),
+                         prompt_messages(chat))
     msg_id = message_id()
     if not body.stream:
         return message_reply(await run_in_threadpool(run, None), msg_id, model)

@@ -1,8 +1,9 @@
 """Messages requests that name no session continue the held session whose history they carry
 (``leyline_runtime.api.continuation``), on a real ``leyline-runtime serve`` through the real ``anthropic``
 SDK: the second turn reads the first's rows, ``context_management``'s clears become directives on it, a
-streamed turn continues as a whole one does; another API key or another ``metadata.user_id`` with the
-same history never continues it, and a history the client edited is a new session, answered as usual.
+streamed turn continues as a whole one does; another API key, ``metadata.user_id`` or Claude Code session
+header with the same history never continues it, and a history the client edited is a new session,
+answered as usual.
 """
 
 from __future__ import annotations
@@ -113,6 +114,16 @@ def test_metadata_user_id_narrows_whose_session_a_request_continues(client):
     assert leyline(bob)["built"] and leyline(bob)["session_id"] != leyline(first)["session_id"]
     alice = create(client, history, metadata={"user_id": "alice"})
     assert leyline(alice)["session_id"] == leyline(first)["session_id"] and not leyline(alice)["built"]
+
+
+def test_claude_codes_session_header_narrows_it_too(client):
+    history = opening("client sessions")
+    first = create(client, history, extra_headers={"x-claude-code-session-id": "cc-one"})
+    history += [sent_back(first), {"role": "user", "content": "more"}]
+    other = create(client, history, extra_headers={"x-claude-code-session-id": "cc-two"})
+    assert leyline(other)["built"] and leyline(other)["session_id"] != leyline(first)["session_id"]
+    same = create(client, history, extra_headers={"x-claude-code-session-id": "cc-one"})
+    assert leyline(same)["session_id"] == leyline(first)["session_id"] and not leyline(same)["built"]
 
 
 def test_a_history_the_client_edited_is_a_miss_answered_from_a_new_session(client):

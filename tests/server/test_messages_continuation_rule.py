@@ -38,14 +38,17 @@ def test_a_claim_takes_the_session_out_until_recorded_or_restored():
     assert len(index) == 0
 
 
-def test_another_tenant_or_user_never_finds_the_session():
+def test_another_tenant_user_or_client_session_never_finds_the_session():
     index = ContinuationIndex()
     history = msgs("q1", "a1")
     index.record(Scope("tenant-a", "alice"), history, "s")
     request = [*history, *msgs("q2")]
-    for scope in (Scope("tenant-b", "alice"), Scope("tenant-a"), Scope("tenant-a", "bob"), Scope("tenant-b")):
+    index.record(Scope("tenant-a", "alice", "cc-1"), history, "cc")
+    for scope in (Scope("tenant-b", "alice"), Scope("tenant-a"), Scope("tenant-a", "bob"), Scope("tenant-b"),
+                  Scope("tenant-a", "alice", "cc-2"), Scope("tenant-a", None, "cc-1")):
         assert index.claim(scope, request) is None, scope
     assert index.claim(Scope("tenant-a", "alice"), request).session_id == "s"
+    assert index.claim(Scope("tenant-a", "alice", "cc-1"), request).session_id == "cc"
 
 
 def test_the_key_is_what_renders_and_leyline_ids_are_not_part_of_it():
