@@ -200,7 +200,8 @@ class ThinkingConfig(JsonModel):
 
     type: Literal["enabled", "disabled", "adaptive"]
     budget_tokens: int | None = Field(default=None, ge=1)
-    display: Literal["summarized", "omitted"] | None = None
+    # Claude Code 2.1.328 tries "updates", then "omitted", then none: any value, as it changes nothing here
+    display: str | None = Field(default=None, max_length=32)
 
 
 class OutputConfig(JsonModel):

@@ -35,7 +35,7 @@ def claude_code_request(**override) -> dict:
         "tools": [BASH, DEFERRED],
         "metadata": {"user_id": '{"device_id":"6360e49f","account_uuid":"","session_id":"a2f2efe4"}'},
         "max_tokens": 32000,
-        "thinking": {"type": "adaptive", "display": "omitted"},
+        "thinking": {"type": "adaptive", "display": "updates"},  # then "omitted", then no display
         "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
         "output_config": {"effort": "high"},
         "stream": True,
