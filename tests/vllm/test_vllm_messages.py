@@ -242,3 +242,13 @@ def test_the_key_as_x_api_key_or_bearer(keyed_url):
                                                              "message": "invalid API key"}}
     # elsewhere vLLM's check is unchanged: x-api-key is no key there
     assert httpx.get(f"{keyed_url}/v1/models", headers={"x-api-key": KEY}, timeout=30).status_code == 401
+
+
+def test_the_document_describes_the_messages_routes(base_url):
+    doc = httpx.get(f"{base_url}/openapi.json", timeout=60).json()
+    for path, reply in (("/v1/messages", "MessageReply"), ("/v1/messages/count_tokens", "TokenCount")):
+        responses = doc["paths"][path]["post"]["responses"]
+        assert responses["200"]["content"]["application/json"]["schema"]["$ref"].endswith(reply), responses
+        assert responses["401"]["content"]["application/json"]["schema"]["$ref"].endswith("AnthropicErrorBody")
+    usage = doc["components"]["schemas"]["MessagesUsage"]["properties"]
+    assert {"cache_read_input_tokens", "cache_creation_input_tokens"} <= set(usage)
