@@ -252,3 +252,20 @@ def test_the_document_describes_the_messages_routes(base_url):
         assert responses["401"]["content"]["application/json"]["schema"]["$ref"].endswith("AnthropicErrorBody")
     usage = doc["components"]["schemas"]["MessagesUsage"]["properties"]
     assert {"cache_read_input_tokens", "cache_creation_input_tokens"} <= set(usage)
+
+
+def test_a_call_whose_arguments_are_not_an_object_is_answered_under_arguments():
+    """No server: nothing constrains a tool call's arguments on vLLM, and a ``tool_use`` input must be an object."""
+    from leyline_runtime.api.messages_response import MessagesTurn, message_reply
+    from leyline_sdk.protocol import FunctionCall, GenerateResponse, Message, ToolCall, Usage
+    from leyline_vllm.api_server.messages import _object_inputs
+    from leyline_vllm.api_server.service import VllmTurn
+
+    calls = [ToolCall(id=i, function=FunctionCall(name="gauge", arguments=a))
+             for i, a in (("a", '{"station": 1}'), ("b", "[1, 2]"), ("c", "not json"))]
+    response = GenerateResponse(session_id="s", message=Message(role="assistant", content="", tool_calls=calls),
+                                finish_reason="tool_calls", version=2, usage=Usage(
+                                    prompt_tokens=3, cached_tokens=0, completion_tokens=2, total_tokens=5, prefill_tokens=3))
+    reply = message_reply(MessagesTurn(_object_inputs(VllmTurn(response))), "msg_1", SERVED_MODEL_NAME)
+    assert [b.input for b in reply.content] == [{"station": 1}, {"arguments": [1, 2]}, {"arguments": "not json"}]
+    assert reply.stop_reason == "tool_use"
