@@ -25,6 +25,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "replay": ("agent.replay", "replay agent traces: no cache / prefix cache / Leyline amortize / forget"),
     "serve": ("serve.serve", "HTTP load: concurrent edit + generate sessions"),
     "chaos": ("serve.chaos", "mixed valid and invalid load from many clients on a served runtime"),
+    "claude-code": ("agent.claude_code", "Claude Code (claude -p) on a real model through vllm serve, with the plugin "
+                                         "and without: what it sends, the task's tool round trip, prompt tokens "
+                                         "computed (needs .venv-vllm, npm)"),
     "agent": ("agent.agent", "LangGraph agents end to end: solve rate, tokens computed and wall time, with and without edits"),
     "drift": ("drift.drift", "amortize / forget / auto drift on GQA and MLA models, transformers as the oracle"),
     "drift-agent": ("drift.drift_agent", "the next action after real edits under amortize / repairs / auto / forget "
