@@ -101,6 +101,8 @@ def test_actions_are_read_as_a_framework_runs_them():
     assert action_of("THOUGHT: I will <tool_call>{\"name\": \"bash\"").tool is None  # cut before it closed
     assert action_of('<tool_call>{"name": "edit", "arguments": {"path": "a", "text": "b"}}</tool_call>') == Action(
         "edit", '{"path": "a", "text": "b"}', "edit")
+    prose = action_of("THOUGHT: first I will look around")
+    assert not same_word(prose, action_of("THOUGHT: first I will read")) and same_word(prose, prose)
     assert command_word("cd /repo; cd sub && ls") == "ls" and command_word("echo 'unbalanced") == "echo"
 
 

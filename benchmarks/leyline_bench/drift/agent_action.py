@@ -88,6 +88,10 @@ def action_of(text: str) -> Action:
 
 
 def same_word(a: Action, b: Action) -> bool:
+    """The same tool and command word; two turns without an action only where their prose is the same (no
+    action is not a shared command)."""
+    if a.tool is None or b.tool is None:
+        return a == b
     return a.tool == b.tool and a.word == b.word
 
 

@@ -18,6 +18,8 @@ def mode_summary(records: list[dict], mode: str) -> dict:
     kl = [run["kl"] for run in runs if run["kl"] is not None]
     margins = [run["margin"] for run in runs if run["margin"] is not None]
     changed = [r["modes"][mode] for r in records if not r["modes"][UNEDITED]["same_action"]]
+    recovered = [r["modes"][mode]["margin"] / r["modes"][EXACT]["margin"] for r in records
+                 if r["modes"][mode]["margin"] is not None and r["modes"][EXACT]["margin"]]
     return {"edits": len(runs), "share": sum(run["recomputed"] for run in runs) / forget_work,
             "same_action": mean([run["same_action"] for run in runs]),
             "same_action_count": sum(run["same_action"] for run in runs),
@@ -26,7 +28,7 @@ def mode_summary(records: list[dict], mode: str) -> dict:
             "has_action": mean([run["has_action"] for run in runs]),
             "kl_mean": mean(kl), "kl_p50": percentile(kl, 50), "kl_p90": percentile(kl, 90),
             "margin_edits": len(margins), "margin_p50": percentile(margins, 50),
-            "margin_positive": mean([m > 0 for m in margins]),
+            "margin_positive": mean([m > 0 for m in margins]), "margin_of_exact_p50": percentile(recovered, 50),
             "changed_edits": len(changed), "same_action_where_edit_changed_it": mean([c["same_action"] for c in changed]),
             "choices": dict(Counter(run["choice"] for run in runs if run["choice"]))}
 
@@ -58,6 +60,7 @@ def _window(record: dict, mode: str) -> int:
 
 HEADERS = ["mode", "rows computed (share of forget's)", "same action", "same command word", "same turn (token for "
            "token)", "KL mean (nats/token)", "KL p90", "margin edits", "margin p50 (nats)", "margin > 0",
+           "margin as a share of exact's, p50",
            "same action where the edit changed it"]
 
 
@@ -70,6 +73,7 @@ def _rows(modes: dict, floor: str | None) -> list[list]:
     return [[_label(m, floor), None if m in (EXACT, floor) else s["share"],
              f"{fmt(s['same_action'])} ({s['same_action_count']}/{s['edits']})", s["same_word"], s["same_turn"],
              s["kl_mean"], s["kl_p90"], s["margin_edits"], s["margin_p50"], s["margin_positive"],
+             s["margin_of_exact_p50"],
              f"{fmt(s['same_action_where_edit_changed_it'])} (of {s['changed_edits']})"] for m, s in modes.items()]
 
 
@@ -86,6 +90,10 @@ def model_markdown(label: str, m: dict, floor: str | None) -> str:
             f"{', '.join(f'{k} {v}' for k, v in sorted(s['reference_tools'].items()))}). Wall time "
             f"{m['seconds']:.0f} s ({fmt(s['seconds_per_edit'])} s per edit).\n\n"
             + md_table(HEADERS, _rows(s["modes"], floor)) + "\n\n")
+    if s["reference_has_action"] < 1:
+        text += ("Where the exact prefill's turn ends no action within the token cap, *same action* and *same command "
+                 "word* compare the whole generated prose, token run for token run (whitespace collapsed): a stricter "
+                 "test than the action's, which a larger cap would reach.\n\n")
     if s["dependent_windows_p50"]:
         text += ("Median rows a dependent repair recomputed after the replacement: "
                  + ", ".join(f"{k} {fmt(v)}" for k, v in s["dependent_windows_p50"].items()) + ".\n\n")
@@ -107,7 +115,8 @@ def markdown(models: dict, args, floor: str | None) -> str:
             "teacher-forced on the exact prefill's turn, mean over the turn, then over edits. *margin*: the "
             "log-likelihood the mode's rows give the exact prefill's turn minus the one they give the unedited "
             "history's turn, on the edits where those two turns differ (*margin edits*); > 0: the mode prefers "
-            "what the edit leads to. *F*: the turn the unedited history generates (what the agent would do had the "
+            "what the edit leads to; *as a share of exact's*: the mode's margin over the exact prefill's own, per edit "
+            "(1: the rows prefer the edited history's turn as much as an exact prefill does). *F*: the turn the unedited history generates (what the agent would do had the "
             "edit never happened); *where the edit changed it*: the edits where F's action is not the exact "
             "prefill's. *rows computed*: rows recomputed through every layer, as a share of forget's (auto's layer-1 "
             "signal rows not counted). *dependent-N*: recompute from the edit through the end of the N-th "
