@@ -62,9 +62,23 @@ def fresh_reference(base_url: str, messages: list[Message], max_tokens: int = 6)
 
 
 def assert_same_generation(got, reference, tol: float) -> None:
-    assert [t.token for t in got.logprobs] == [t["token"] for t in reference]
-    worst = max(abs(t.logprob - r["logprob"]) for t, r in zip(got.logprobs, reference))
-    assert worst <= tol, worst
+    assert_same_greedy([(t.token, t.logprob) for t in got.logprobs], reference, tol)
+
+
+def assert_same_greedy(got: list[tuple[str, float]], reference: list[dict], tol: float) -> None:
+    """Greedy ``(token, logprob)`` pairs equal the reference's (with its ``top_logprobs``), logprobs within
+    ``tol``, up to a near tie: where the two part, the token taken must be one the reference ranks within
+    ``2 * tol`` of its own choice (each side's logprobs carry up to ``tol`` of rounding), and nothing after
+    it is compared (the continuations then legitimately differ). In bf16 rows loaded and extended are
+    rounded otherwise than one prefill's: on the AMX Xeon a forget edit's 5th greedy token once took
+    'ates' where the fresh prefill took '">' (the tiny random model's logits lie close)."""
+    assert len(got) == len(reference), (got, reference)
+    for i, ((token, logprob), want) in enumerate(zip(got, reference)):
+        if token != want["token"]:
+            ranked = {t["token"]: t["logprob"] for t in want.get("top_logprobs") or []}
+            assert ranked.get(token, -math.inf) >= want["logprob"] - 2 * tol, (i, token, want)
+            return
+        assert abs(logprob - want["logprob"]) <= tol, (i, token, logprob, want["logprob"])
 
 
 def test_forget_equals_vllm_fresh_prefill(client, base_url, tol, block):
@@ -345,8 +359,7 @@ def test_chat_with_a_forget_edit_equals_a_fresh_prefill(client, base_url, tol, b
     assert report["version"] == info.version + 2  # the edit's version, then the reply's
     reference = fresh_reference(base_url, asked)
     got = reply["choices"][0]["logprobs"]["content"]
-    assert [t["token"] for t in got] == [t["token"] for t in reference]
-    assert max(abs(a["logprob"] - b["logprob"]) for a, b in zip(got, reference)) <= tol.logprob
+    assert_same_greedy([(t["token"], t["logprob"]) for t in got], reference, tol.logprob)
     # the prefix before the edit was loaded, everything after it computed once
     assert 0 < outcome["reused_tokens"] <= outcome["token_start"] + block
     total = reply["usage"]["prompt_tokens"]
