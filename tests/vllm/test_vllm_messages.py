@@ -2,8 +2,9 @@
 ``context_management`` on both of the plugin's bound routes.
 
 Bound to a session (``X-Leyline-Session``), a Messages request is the plugin's bound chat turn
-(``api_server/messages.py``); without one it is vLLM's own. Each test owns its text (a unique tag in
-the history): vLLM's prefix cache may serve rows other tests computed.
+(``api_server/messages.py``); without one, the same turn on the held session its history continues
+(or a new one), unless it asks what the plugin refuses: then vLLM's own. Each test owns its text (a
+unique tag in the history): vLLM's prefix cache may serve rows other tests computed.
 """
 
 from __future__ import annotations
@@ -211,13 +212,83 @@ def test_errors_are_the_sdks_typed_exceptions_and_change_nothing(base_url):
     assert _session(base_url, sid)["version"] == version
 
 
-def test_without_a_session_it_is_vllms_own_messages(base_url):
+def _sent_back(reply) -> list[dict] | str:
+    """The reply as the client's next request carries it (an empty reply: empty text)."""
+    return [b.model_dump() for b in reply.content] or ""
+
+
+def test_without_a_session_the_history_continues_its_held_session(base_url, block):
+    tag = _tag()
+    client = _client(base_url)  # no X-Leyline-Session: as Anthropic's clients call
+    system = f"You keep short notes about rivers [{tag}]: " + "their towns, bridges, tributaries and floods; " * 8
+    history = [{"role": "user", "content": f"[{tag}] The Rhone runs from its glacier through Geneva to Arles."}]
+    first = client.messages.create(model=SERVED_MODEL_NAME, max_tokens=8, **GREEDY, messages=history, system=system)
+    report = first.model_extra["leyline"]
+    assert report["session_id"].startswith("continued_") and report["built"], report  # a miss: a new session
+
+    history += [{"role": "assistant", "content": _sent_back(first)},
+                {"role": "user", "content": f"[{tag}] Which city is furthest downstream?"}]
+    second = client.messages.create(model=SERVED_MODEL_NAME, max_tokens=8, **GREEDY, messages=history,
+                                    system=system)
+    report = second.model_extra["leyline"]
+    assert report["session_id"] == first.model_extra["leyline"]["session_id"], report
+    assert not report["built"] and report["directives_applied"] == 0 and report["appended_messages"] == 1, report
+    # the first turn's prompt's rows were read back from the session, not computed again
+    first_prompt = _prompt_tokens(first.usage)
+    assert second.usage.cache_read_input_tokens >= first_prompt - first_prompt % block > 0, second.usage
+    held = _session(base_url, report["session_id"])["messages"]
+    assert [m["role"] for m in held] == ["system", "user", "assistant", "user", "assistant"], held
+
+    # streamed (as Claude Code calls), the third turn continues the same session
+    history += [{"role": "assistant", "content": _sent_back(second)},
+                {"role": "user", "content": f"[{tag}] And the longest tributary?"}]
+    with client.messages.stream(model=SERVED_MODEL_NAME, max_tokens=4, **GREEDY, messages=history,
+                                system=system) as stream:
+        delta = next(e for e in stream if e.type == "message_delta")
+    assert delta.model_extra["leyline"]["session_id"] == report["session_id"], delta
+
+
+def test_a_history_that_continues_nothing_gets_a_new_session(base_url):
+    tag = _tag()
     client = _client(base_url)
-    reply = client.messages.create(model=SERVED_MODEL_NAME, max_tokens=2,
-                                   messages=[{"role": "user", "content": "hi"}])
-    assert reply.role == "assistant" and "leyline" not in (reply.model_extra or {})
-    count = client.messages.count_tokens(model=SERVED_MODEL_NAME, messages=[{"role": "user", "content": "hi"}])
-    assert count.input_tokens > 0
+    history = [{"role": "user", "content": f"[{tag}] Name the bridges of Lyon."}]
+    first = client.messages.create(model=SERVED_MODEL_NAME, max_tokens=4, **GREEDY, messages=history)
+    held = first.model_extra["leyline"]["session_id"]
+    follow_up = [{"role": "assistant", "content": _sent_back(first)}, {"role": "user", "content": f"[{tag}] More?"}]
+
+    # the client edited its own history: no held session's history starts it
+    edited = [{"role": "user", "content": f"[{tag}] Name the bridges of Lyon, north to south."}, *follow_up]
+    # another client user (metadata.user_id scopes the look-up): not this session either
+    for ask in (dict(messages=edited), dict(messages=history + follow_up, metadata={"user_id": f"other-{tag}"})):
+        reply = client.messages.create(model=SERVED_MODEL_NAME, max_tokens=4, **GREEDY, **ask)
+        report = reply.model_extra["leyline"]
+        assert report["session_id"].startswith("continued_") and report["session_id"] != held, report
+        assert report["built"] and report["rebuild_reason"] == "unknown_session", report
+    # a miss took nothing: the history that continues the first session still finds it
+    reply = client.messages.create(model=SERVED_MODEL_NAME, max_tokens=4, **GREEDY, messages=history + follow_up)
+    assert reply.model_extra["leyline"]["session_id"] == held and not reply.model_extra["leyline"]["built"]
+
+
+def _held(base_url: str) -> set[str]:
+    r = httpx.get(f"{base_url}/sessions", timeout=60)
+    r.raise_for_status()
+    return {s["session_id"] for s in r.json()["sessions"]}
+
+
+def test_an_unbound_request_the_plugin_refuses_is_vllms_own(base_url):
+    # tool_choice any needs constrained decoding, which the plugin's turn refuses (a 400 naming the
+    # session-bound chat when bound: test_errors_...). Without a session header it is vLLM's own handler's,
+    # as without the plugin: on this folder's servers (no --tool-call-parser) that is vLLM's own 400.
+    ask = dict(model=SERVED_MODEL_NAME, max_tokens=8, tools=TOOLS, tool_choice={"type": "any"},
+               messages=[{"role": "user", "content": f"[{_tag()}] Read station 3."}])
+    before = _held(base_url)
+    with pytest.raises(anthropic.BadRequestError) as err:
+        _client(base_url).messages.create(**ask)
+    message = str(err.value)  # the SDK's: the body's message
+    assert "--tool-call-parser" in message and "session-bound" not in message, message
+    assert _held(base_url) == before  # no session was made for it
+    count = _client(base_url).messages.count_tokens(model=SERVED_MODEL_NAME, messages=ask["messages"])
+    assert count.input_tokens > 0  # count_tokens without the header: vLLM's own too
 
 
 @pytest.fixture(scope="module")
@@ -231,7 +302,9 @@ def test_the_key_as_x_api_key_or_bearer(keyed_url):
     sid = f"msg-key-{_tag()}"
     bound = _client(keyed_url, sid, api_key=KEY).messages.create(**ask)  # x-api-key, as the SDK sends it
     assert bound.model_extra["leyline"]["session_id"] == sid
-    assert _client(keyed_url, api_key=KEY).messages.create(**ask).role == "assistant"  # vLLM's own, x-api-key
+    # no header: the key (as x-api-key) is the continuation's tenant, and a new session for this history
+    assert _client(keyed_url, api_key=KEY).messages.create(**ask).model_extra["leyline"]["session_id"].startswith(
+        "continued_")
     bearer = anthropic.Anthropic(base_url=keyed_url, auth_token=KEY, default_headers={"X-Leyline-Session": sid},
                                  max_retries=0, timeout=600)
     assert bearer.messages.count_tokens(model=SERVED_MODEL_NAME, messages=ask["messages"]).input_tokens > 0

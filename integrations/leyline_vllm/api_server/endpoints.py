@@ -11,7 +11,8 @@ turn's plan, the response and its ``leyline`` report), served here by :class:`Vl
 which runs the planned edits and the reply as one pass through vLLM, with
 ``context_management``'s edits made first (``leyline_runtime.api.context_edits``: the newly
 cleared spans become the turn's directives). A chat request without a session goes to vLLM's
-own handler unchanged. Anthropic's ``/v1/messages`` is the same turn (:mod:`.messages`).
+own handler unchanged. Anthropic's ``/v1/messages`` is the same turn (:mod:`.messages`), on the session
+its history continues when it names none.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from leyline_runtime.api.chat_prompt import generate_request, prompt_messages
 from leyline_runtime.api.chat_request import ChatCompletionRequest
 from leyline_runtime.api.chat_turn import ChatTurn
 from leyline_runtime.api.context_edits import apply_edits
+from leyline_runtime.api.continuation import ContinuationIndex
 from leyline_runtime.api.errors import LeylineErrorRoute, install_method_not_allowed
 from leyline_runtime.api.openai_errors import OpenAIKnownErrorsRoute
 from leyline_runtime.api.openapi import install_openapi, refuse_fields
@@ -57,7 +59,7 @@ from leyline_sdk.tools_prompt import TOOL_CALL
 
 from .auth import AnthropicKeys, require_api_key, served_keys
 from .auto_edits import AutoRule, auto_config_from_env
-from .messages import build_messages_router
+from .messages import ONE_TENANT, build_messages_router
 from .metrics import register_collector
 from .service import LeylineService
 from .sampling import refused_sampling
@@ -163,7 +165,7 @@ class VllmChat:
 
 
 def _one_tenant() -> str:
-    return "default"
+    return ONE_TENANT
 
 
 # vLLM's own routes that a request without a session goes to (the plugin's replace them on their paths)
@@ -268,6 +270,7 @@ class LeylineEndpoints:
         tokenizer = engine_client.renderer.get_tokenizer()
         names = getattr(args, "served_model_name", None)
         support = await splice_support(engine_client)
+        state.leyline_continuations = ContinuationIndex()  # the Messages sessions found by their history (.messages)
         state.leyline = LeylineService(
             engine_client, ChatRenderer(tokenizer), block_size=config.cache_config.block_size,
             max_model_len=config.model_config.max_model_len,
