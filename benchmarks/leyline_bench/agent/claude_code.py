@@ -6,7 +6,9 @@ Each arm runs on a server of its own (no arm warms another's cache), the same we
 (Claude Code's first request is ~11-15k tokens), vLLM's ``hermes`` tool parser (Qwen2.5's tool calls):
 
 * ``leyline``: ``vllm serve`` with the plugin; Claude Code sends ``X-Leyline-Session`` (through its
-  ``ANTHROPIC_CUSTOM_HEADERS``), so each of its calls is the plugin's bound Messages turn on one session;
+  ``ANTHROPIC_CUSTOM_HEADERS``), so each of its calls is the plugin's bound Messages turn on one session
+  (without the header the plugin now finds that session by the history each call continues: the
+  header keeps the binding independent of that rule, so a miss there cannot pass for a result);
 * ``vllm``: plain ``vllm serve`` (no plugin), Claude Code on vLLM's own ``/v1/messages``.
 
 Claude Code talks to the server through :class:`~..common.recording_proxy.RecordingProxy`, which writes
