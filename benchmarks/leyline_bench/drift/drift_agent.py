@@ -27,7 +27,7 @@ from .drift_oracle import rope_slot
 from .drift_real import _models, _shape, load
 from .journal import Journal, each_edit
 from .real_case import history_rows
-from .real_edits import KINDS, Renderer, select_edits
+from .real_edits import Renderer, add_edit_selection, select_edits
 
 NAME = "drift_agent"
 MODES = "amortize,repair-128,dependent-1,dependent-2,tail-128,auto,forget,chunked-512"
@@ -35,14 +35,7 @@ MODES = "amortize,repair-128,dependent-1,dependent-2,tail-128,auto,forget,chunke
 
 def add_parser(sub) -> None:
     p = sub.add_parser("drift-agent")
-    p.add_argument("--models", default="qwen0.5b=weights:qwen2.5-coder-0.5b-instruct",
-                   help="comma list of label=weights:NAME | label=FOLDER | label=random-qwen2 (as drift-real)")
-    p.add_argument("--split", default="heldout", help="which shipped sessions (heldout or calibration)")
-    p.add_argument("--sessions", type=int, default=100, help="sessions of the split to take edits from")
-    p.add_argument("--edits", type=int, default=48, help="edits per model (the kinds take turns)")
-    p.add_argument("--kinds", default=",".join(KINDS), help="edit kinds: " + ", ".join(KINDS))
-    p.add_argument("--max-tokens", type=int, default=3000, help="largest history (tokens, the model's template)")
-    p.add_argument("--turn-tokens", type=int, default=600, help="largest next turn of the session (tokens)")
+    add_edit_selection(p)
     p.add_argument("--modes", default=MODES,
                    help="modes against exact: amortize, repair-W, dependent-N, tail-K, auto, forget, chunked-C "
                         "(the floor: the last chunked-C given)")

@@ -38,7 +38,7 @@ from . import vllm_peer
 from ..common.output import write_results
 from leyline_testkit.vllm_server import real_weights_dtype
 from .real_case import history_rows, run_edit
-from .real_edits import KINDS, Renderer, select_edits
+from .real_edits import Renderer, add_edit_selection, select_edits
 from .real_modes import mode_names
 from .removed_content import question_for
 from .real_report import markdown, plot, summarise
@@ -54,14 +54,7 @@ QUICK_TEMPLATE = ("{%- for m in messages %}<|{{ m.role }}|>{{ m.content }}{%- if
 
 def add_parser(sub) -> None:
     p = sub.add_parser("drift-real")
-    p.add_argument("--models", default="qwen0.5b=weights:qwen2.5-coder-0.5b-instruct",
-                   help="comma list of label=weights:NAME | label=FOLDER | label=random-qwen2")
-    p.add_argument("--split", default="heldout", help="which shipped sessions (heldout or calibration)")
-    p.add_argument("--sessions", type=int, default=100, help="sessions of the split to take edits from")
-    p.add_argument("--edits", type=int, default=48, help="edits per model (the kinds take turns)")
-    p.add_argument("--kinds", default=",".join(KINDS), help="edit kinds: " + ", ".join(KINDS))
-    p.add_argument("--max-tokens", type=int, default=3000, help="largest history (tokens, the model's template)")
-    p.add_argument("--turn-tokens", type=int, default=600, help="largest next turn (tokens)")
+    add_edit_selection(p)
     p.add_argument("--repair-windows", default="16,32,64,128", help="repair's W values")
     p.add_argument("--greedy-tokens", type=int, default=32, help="greedy tokens compared after the next turn")
     p.add_argument("--answer-tokens", type=int, default=32, help="greedy tokens of a question's reply")

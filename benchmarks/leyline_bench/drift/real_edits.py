@@ -236,6 +236,18 @@ def _spread(cands: list[RealEdit], turn: int) -> list[RealEdit]:
     return [cands[k] for k in order]
 
 
+def add_edit_selection(p) -> None:
+    """The flags that pick the models and the real edits: one set for every command replaying these edits."""
+    p.add_argument("--models", default="qwen0.5b=weights:qwen2.5-coder-0.5b-instruct",
+                   help="comma list of label=weights:NAME | label=FOLDER | label=random-qwen2")
+    p.add_argument("--split", default="heldout", help="which shipped sessions (heldout or calibration)")
+    p.add_argument("--sessions", type=int, default=100, help="sessions of the split to take edits from")
+    p.add_argument("--edits", type=int, default=48, help="edits per model (the kinds take turns)")
+    p.add_argument("--kinds", default=",".join(KINDS), help="edit kinds: " + ", ".join(KINDS))
+    p.add_argument("--max-tokens", type=int, default=3000, help="largest history (tokens, the model's template)")
+    p.add_argument("--turn-tokens", type=int, default=600, help="largest next turn of the session (tokens)")
+
+
 def select_edits(render: Renderer, sessions, kinds, count: int, max_tokens: int, turn_tokens: int,
                  per_history: int = 2) -> list[RealEdit]:
     """``count`` edits: the kinds take turns, each kind takes its sessions in turn, at most
