@@ -16,14 +16,18 @@ from __future__ import annotations
 import json
 import uuid
 from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
 from leyline_sdk.protocol import Message
 
+from .chat_prompt import prompt_messages
+from .chat_request import ChatCompletionRequest
 from .chat_response import ContextManagementReport, LeylineReport, context_report, report
 from .chat_turn import ChatTurn
+from .context_edits import MessageTokens, apply_edits
 from .messages_errors import anthropic_error_body
 from .messages_request import sent_back
 
@@ -66,6 +70,19 @@ class TokenCount(BaseModel):
     input_tokens: int = Field(description="The prompt's tokens, after the request's context_management edits")
     context_management: dict[str, int] | None = Field(
         default=None, description="`original_input_tokens`: before the edits (only when edits were asked)")
+
+
+def token_count(chat: ChatCompletionRequest, tokenizer: MessageTokens, tokens: Callable[[list[Message]], int],
+                edits_asked: bool) -> TokenCount:
+    """``count_tokens``' answer on any engine: the prompt after the request's ``context_management`` edits,
+    counted by ``tokens`` (the engine's own prompt count, with the reply's header), and before them when the
+    request asked for edits (``edits_asked``: clear_thinking alone asks, though it clears nothing here)."""
+    original = prompt_messages(chat)
+    edited, _ = apply_edits(chat.context_management, original, tokenizer)
+    count = tokens(edited)
+    if not edits_asked:
+        return TokenCount(input_tokens=count)
+    return TokenCount(input_tokens=count, context_management={"original_input_tokens": tokens(original)})
 
 
 @dataclass(frozen=True)

@@ -39,13 +39,13 @@ from ..api.messages_response import (
     message_id,
     message_reply,
     reply_sent_back,
+    token_count,
 )
 from ..api.sse_schema import sse_content
 from ..runtime import Runtime
 from ..text.tokenizer import ChatTokenizer
 from .auth import Authenticator
 from .chat import ChatService, OnToken
-from ..api.context_edits import apply_edits
 from .routes_sessions import check_limits
 from .sse import stream_tokens
 from .streaming import DeltaDecoder
@@ -176,13 +176,8 @@ async def count_tokens(body: MessagesPrompt, request: Request, tenant: Tenant,
     chat = chat_request(body)
     check_limits(request, chat.messages)
     check_request(chat, runtime.config.model_name, {})
-    original = prompt_messages(chat)
-    edited, _ = apply_edits(chat.context_management, original, runtime.tokenizer)
 
     def tokens(messages: list[Message]) -> int:  # + the assistant header the reply starts with
         return sum(map(len, runtime.tokenizer.encode_messages(messages))) + 1
 
-    count = tokens(edited)
-    if body.context_management is None:
-        return TokenCount(input_tokens=count)
-    return TokenCount(input_tokens=count, context_management={"original_input_tokens": tokens(original)})
+    return token_count(chat, runtime.tokenizer, tokens, body.context_management is not None)

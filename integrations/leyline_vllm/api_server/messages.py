@@ -36,7 +36,6 @@ from pydantic import BaseModel, ValidationError
 from leyline_runtime.api.chat import bound_session, check_request, read_json
 from leyline_runtime.api.chat_prompt import prompt_messages, stop_strings
 from leyline_runtime.api.chat_request import ChatCompletionRequest
-from leyline_runtime.api.context_edits import apply_edits
 from leyline_runtime.api.continuation import Scope
 from leyline_runtime.api.messages_errors import AnthropicRoute, anthropic_error_responses
 from leyline_runtime.api.messages_request import MessagesPrompt, MessagesRequest, chat_request
@@ -48,6 +47,7 @@ from leyline_runtime.api.messages_response import (
     message_id,
     message_reply,
     reply_sent_back,
+    token_count,
 )
 from leyline_runtime.api.openai_errors import OpenAIError
 from leyline_sdk.errors import LeylineError
@@ -110,16 +110,11 @@ def build_messages_router(chat: Backend, original: dict[str, APIRoute]) -> APIRo
         chat_body = chat_request(body)
         check_request(chat_body, backend.served_model, {})
         renderer = backend.service.renderer
-        original_messages = prompt_messages(chat_body)
-        edited, _ = apply_edits(chat_body.context_management, original_messages, renderer)
 
         def tokens(messages: list[Message]) -> int:  # the prompt vLLM would run: with the reply's header
             return len(renderer.ids(messages, generation_prompt=True))
 
-        count = tokens(edited)
-        if body.context_management is None:
-            return TokenCount(input_tokens=count)
-        return TokenCount(input_tokens=count, context_management={"original_input_tokens": tokens(original_messages)})
+        return token_count(chat_body, renderer, tokens, body.context_management is not None)
 
     return router
 
